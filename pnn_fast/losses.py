@@ -1,0 +1,269 @@
+"""Drop-in loss modules: PNNLoss (the paper's method) and the classic BPR / DNS losses.
+
+Every loss takes the model's own embeddings, ``user_emb [B, d]`` for the batch's users and
+the full ``item_table [I, d]`` the model scores with, so any PyTorch recommender whose
+score is an inner product can swap its loss for these.
+"""
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import reference
+from ._checks import check_embedding, check_id_tensor, check_same, check_values, require_tensor, validate_batch
+from .known import KnownPositives
+
+BACKENDS = ("auto", "reference", "cpu", "cuda")
+
+
+def resolve_backend(backend: str, device: torch.device) -> ModuleType:
+    """The module implementing the per-row terms for ``backend`` on ``device``.
+
+    "auto" takes the fused kernels when they were built for the device type and the
+    reference otherwise; "cpu"/"cuda" demand the fused kernels of that device type.
+    """
+    if backend == "reference":
+        return reference
+    from . import _extension
+
+    if backend == "auto":
+        if not _extension.has_kernels(device.type):
+            return reference
+    else:
+        if device.type != backend:
+            raise ValueError(f"backend={backend!r} but the inputs are on {device}; move them or use backend='auto'")
+        _extension.require_kernels(device)
+    from . import fused
+
+    return fused
+
+
+def _check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+class UserAwareAttention(nn.Module):
+    """lambda_u = sigmoid(w1 . sum_h a_h e_h), a = softmax_h(e_u . tanh(W2 e_h + b)).
+
+    The paper's adaptive weight between the BPR warm-up and the PNN loss. ``w1`` and ``W2`` are
+    constrained non-negative (the paper's R_+) through a softplus re-parametrisation, which
+    keeps every entry positive and trainable (a clamp would freeze entries that cross zero).
+    The history is up to ``history_len`` of the user's known items, a uniform random subset
+    (without replacement) when the user has more.
+    """
+
+    def __init__(self, dim: int, history_len: int = 50):
+        super().__init__()
+        self.dim = dim
+        self.history_len = history_len
+        scale = math.sqrt(2.0 / (dim + dim))  # xavier-normal std of a d x d matrix
+        self.raw_w1 = nn.Parameter(_inverse_softplus(torch.randn(dim).abs() * scale + 1e-3))
+        self.raw_w2 = nn.Parameter(_inverse_softplus(torch.randn(dim, dim).abs() * scale + 1e-3))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    @property
+    def w1(self) -> torch.Tensor:
+        return F.softplus(self.raw_w1)
+
+    @property
+    def w2(self) -> torch.Tensor:
+        return F.softplus(self.raw_w2)
+
+    def sample_history(self, known: KnownPositives, users: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Up to history_len random known items per user.
+
+        Returns ``(items int64 [n, L], mask bool [n, L])`` for the ``n`` given users,
+        L = history_len; padded slots hold item 0 and mask False.
+        """
+        counts = known.count(users)
+        owner = torch.repeat_interleave(torch.arange(users.numel(), device=users.device), counts)
+        starts = torch.cumsum(counts, 0) - counts
+        # random order within each user's segment: shuffle everything, then stable-sort by owner
+        perm = torch.randperm(owner.numel(), device=users.device)
+        perm = perm[torch.sort(owner[perm], stable=True).indices]
+        slot = torch.arange(owner.numel(), device=users.device) - starts[owner]
+        keep = slot < self.history_len
+        source = known.indptr[users][owner] + (perm - starts[owner])  # position in known.indices
+        items = torch.zeros(users.numel(), self.history_len, dtype=torch.int64, device=users.device)
+        mask = torch.zeros(users.numel(), self.history_len, dtype=torch.bool, device=users.device)
+        items[owner[keep], slot[keep]] = known.indices[source[keep]]
+        mask[owner[keep], slot[keep]] = True
+        return items, mask
+
+    def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
+                known: KnownPositives) -> torch.Tensor:
+        """lambda per row: float [B] in (0, 1); e_u is each row's own user embedding.
+
+        One history sample per distinct user of the batch, shared by that user's rows.
+        """
+        unique_users, row_of = torch.unique(users, return_inverse=True)
+        items, mask = self.sample_history(known, unique_users)
+        # the key depends on the item only: evaluate the d x d map once per distinct history item
+        hist_items, hist_of = torch.unique(items, return_inverse=True)
+        keys = torch.tanh(item_table[hist_items] @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
+        logits = torch.einsum("bld,bd->bl", keys[hist_of[row_of]], user_emb).masked_fill(~mask[row_of], float("-inf"))
+        weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
+        pooled = torch.einsum("bl,bld->bd", weights, item_table[items[row_of]])
+        return torch.sigmoid(pooled @ self.w1.to(pooled.dtype))
+
+
+class PNNLoss(nn.Module):
+    """Positive-neutral-negative loss (RecSys'24), semantics in docs/semantics.md.
+
+    Args:
+        known: each user's training items (:class:`KnownPositives`); never used as negatives.
+        dim: embedding size d (for the attention's parameters).
+        alpha, beta: weights of L_constrain and L_uniform inside L_PNN.
+        noise_max: clamp noise magnitude is drawn U(0, noise_max) per coordinate.
+        neg_size: size of each row's negative class: "proportional", "count" or an int.
+        history_len: at most this many known items feed the user-aware attention.
+        uniform_t: the temperature t of L_uniform (the paper's 2).
+        uniform_normalize: L2-normalise the embeddings inside L_uniform.
+        lambda_mode: "attention" (learned per user) or "fixed" (``fixed_lambda`` everywhere).
+        use_rank: keep L_rank (False gives the paper's "w/o rank" ablation).
+        backend: "auto", "reference", "cpu" or "cuda" (same semantics everywhere).
+
+    Forward shapes: ``user_emb`` float [B, d]; ``item_table`` float [I, d];
+    ``users``, ``pos_items`` int [B]; ``neg_items`` int [B, K] or None (in-batch candidates);
+    ``noise`` a pair of float [B, d] or None. Returns the scalar loss, or
+    ``(loss, components)`` with per-row ``bpr``, ``rank``, ``constrain``, ``lambda``,
+    ``hard_negative``, ``num_negative``, ``num_neutral``, ``valid`` [B] and scalar ``uniform``.
+    """
+
+    def __init__(self, known: KnownPositives, dim: int, *, alpha: float = 0.8, beta: float = 0.6,
+                 noise_max: float = 0.1, neg_size: Union[str, int] = "proportional", history_len: int = 50,
+                 uniform_t: float = 2.0, uniform_normalize: bool = True, lambda_mode: str = "attention",
+                 fixed_lambda: float = 0.5, use_rank: bool = True, backend: str = "auto"):
+        super().__init__()
+        if not isinstance(known, KnownPositives):
+            raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if neg_size not in ("proportional", "count") and not (isinstance(neg_size, int) and not isinstance(neg_size, bool) and neg_size >= 0):
+            raise ValueError(f"neg_size must be 'proportional', 'count' or an int >= 0, got {neg_size!r}")
+        if lambda_mode not in ("attention", "fixed"):
+            raise ValueError(f"lambda_mode must be 'attention' or 'fixed', got {lambda_mode!r}")
+        if not 0.0 <= fixed_lambda <= 1.0:
+            raise ValueError(f"fixed_lambda must lie in [0, 1], got {fixed_lambda!r}")
+        if not isinstance(history_len, int) or history_len <= 0:
+            raise ValueError(f"history_len must be a positive int, got {history_len!r}")
+        if noise_max < 0:
+            raise ValueError(f"noise_max must be >= 0, got {noise_max!r}")
+        self.known = known
+        self.dim = dim
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.noise_max = float(noise_max)
+        self.neg_size = neg_size
+        self.uniform_t = float(uniform_t)
+        self.uniform_normalize = uniform_normalize
+        self.lambda_mode = lambda_mode
+        self.fixed_lambda = float(fixed_lambda)
+        self.use_rank = use_rank
+        self.backend = _check_backend(backend)
+        self.attention = UserAwareAttention(dim, history_len) if lambda_mode == "attention" else None
+
+    def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
+                pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None,
+                noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_components: bool = False):
+        validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise)
+        known = self.known = self.known.to(user_emb.device)  # moved once, then cached
+        impl = resolve_backend(self.backend, user_emb.device)
+        candidates = pos_items if neg_items is None else neg_items
+        if noise is None:
+            noise = (torch.rand_like(user_emb) * self.noise_max, torch.rand_like(user_emb) * self.noise_max)
+        terms = impl.pnn_row_terms(user_emb, item_table, users, pos_items, candidates, known,
+                                   self.neg_size, noise[0], noise[1])
+
+        # L_uniform over the batch's distinct candidate items
+        x = item_table[torch.unique(candidates)]
+        if self.uniform_normalize:
+            x = F.normalize(x, dim=1, eps=reference.NORM_EPS)
+        uniform = impl.pairwise_uniformity(x, self.uniform_t)
+
+        if self.attention is not None:
+            lam = self.attention(user_emb, item_table, users, known)
+        else:
+            lam = torch.full_like(terms["bpr"], self.fixed_lambda)
+
+        rank = terms["rank"] if self.use_rank else torch.zeros_like(terms["rank"])
+        pnn = self.alpha * terms["constrain"] + self.beta * uniform + rank
+        valid = terms["valid"]
+        per_row = torch.where(valid, (1 - lam) * terms["bpr"] + lam * pnn, torch.zeros_like(pnn))
+        loss = per_row.sum() / valid.sum().clamp_min(1)
+        if not return_components:
+            return loss
+        components = dict(terms, rank=rank, uniform=uniform)
+        components["lambda"] = lam
+        return loss, components
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, alpha={self.alpha}, beta={self.beta}, neg_size={self.neg_size!r}, "
+                f"lambda_mode={self.lambda_mode!r}, backend={self.backend!r}")
+
+
+class BPRLoss(nn.Module):
+    """Bayesian personalised ranking with given (sampled) negatives.
+
+    forward(user_emb [B, d], item_table [I, d], pos_items int [B], neg_items int [B] or [B, K])
+    -> mean over all (row, negative) pairs of softplus(s_neg - s_pos).
+    """
+
+    def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
+                neg_items: torch.Tensor) -> torch.Tensor:
+        require_tensor("user_emb", user_emb)
+        check_embedding("user_emb", user_emb, rows=None, dim=user_emb.shape[-1])
+        check_embedding("item_table", item_table, rows=None, dim=user_emb.shape[1])
+        check_same("user_emb", user_emb, [("item_table", item_table)], dtype=True)
+        batch = user_emb.shape[0]
+        if batch == 0:
+            raise ValueError("user_emb is an empty batch (0 rows)")
+        check_id_tensor("pos_items", pos_items, (batch,))
+        check_id_tensor("neg_items", neg_items, None)
+        if neg_items.shape[0] != batch or neg_items.dim() not in (1, 2):
+            raise ValueError(f"neg_items must have shape [B={batch}] or [B, K], got {list(neg_items.shape)}")
+        check_values([("pos_items", pos_items, item_table.shape[0]), ("neg_items", neg_items, item_table.shape[0])], [])
+        neg = neg_items.reshape(batch, -1)
+        pos_score = (user_emb * item_table[pos_items]).sum(-1)
+        neg_score = torch.einsum("bd,bkd->bk", user_emb, item_table[neg])
+        return F.softplus(neg_score - pos_score[:, None]).mean()
+
+
+class DNSLoss(nn.Module):
+    """BPR against the hardest unlabeled candidate of each row (dynamic negative sampling).
+
+    Candidates are ``neg_items [B, M]`` (e.g. M uniform samples, the authors' M=8) or, when
+    None, the batch's positive items (the paper's in-batch DNS). A row's known positives and
+    its own positive are never taken; rows without a candidate are left out of the mean.
+    Same semantics as PNNLoss's ``bpr`` component, on the same backends.
+    """
+
+    def __init__(self, known: KnownPositives, *, backend: str = "auto"):
+        super().__init__()
+        if not isinstance(known, KnownPositives):
+            raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
+        self.known = known
+        self.backend = _check_backend(backend)
+
+    def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
+                pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None) -> torch.Tensor:
+        require_tensor("user_emb", user_emb)
+        dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
+        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None)
+        self.known = self.known.to(user_emb.device)  # no copy when already there
+        impl = resolve_backend(self.backend, user_emb.device)
+        candidates = pos_items if neg_items is None else neg_items
+        bpr, hard, _ = impl.hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, self.known)
+        valid = hard >= 0
+        return bpr.sum() / valid.sum().clamp_min(1)
+

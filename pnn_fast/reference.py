@@ -1,0 +1,181 @@
+"""Pure-PyTorch reference backend: the semantics every fused kernel must match.
+
+Written for clarity, not speed: it materialises the [B, C] score and class
+masks (C = number of candidates per row).  docs/semantics.md states the
+equations; the names below follow it.
+
+Candidates are given either as one shared list ``candidates [C]`` (the
+paper's in-batch scheme: every row sees the batch's positive items) or per row
+``candidates [B, C]`` (sampled unlabeled items).  In the shared case nothing
+of size [B, C, d] is ever built: scores and centroids are matrix products.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+import torch.nn.functional as F
+
+from .known import KnownPositives
+
+NegSize = Union[str, int]
+
+#: eps of the L2 normalisation in the clamp term and the uniformity term (as F.normalize)
+NORM_EPS = 1e-12
+
+
+def candidate_embeddings(item_table: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """[C, d] (shared) or [B, C, d] (per row) embeddings of the candidates."""
+    return item_table[candidates]
+
+
+def row_scores(user_emb: torch.Tensor, cand_emb: torch.Tensor) -> torch.Tensor:
+    """s[b, j] = <user_emb[b], cand_emb[(b,) j]>: [B, C]."""
+    if cand_emb.dim() == 2:
+        return user_emb @ cand_emb.T
+    return torch.einsum("bd,bcd->bc", user_emb, cand_emb)
+
+
+def class_sum(weights: torch.Tensor, cand_emb: torch.Tensor) -> torch.Tensor:
+    """sum_j weights[b, j] * cand_emb[(b,) j]: [B, d]."""
+    if cand_emb.dim() == 2:
+        return weights @ cand_emb
+    return torch.einsum("bc,bcd->bd", weights, cand_emb)
+
+
+def unlabeled_mask(known: KnownPositives, users: torch.Tensor, pos_items: torch.Tensor,
+                   candidates: torch.Tensor) -> torch.Tensor:
+    """U[b, j]: candidate j is neither a known positive of users[b] nor pos_items[b]. Bool [B, C]."""
+    cand = candidates.long().expand(users.numel(), -1) if candidates.dim() == 1 else candidates.long()
+    users = users.long()[:, None]
+    return ~known.contains(users, cand) & (cand != pos_items.long()[:, None])
+
+
+def hard_negative(scores: torch.Tensor, unlabeled: torch.Tensor) -> torch.Tensor:
+    """argmax over the row's unlabeled candidates (smallest j on ties), -1 when none. int64 [B]."""
+    masked = scores.detach().masked_fill(~unlabeled, float("-inf"))
+    index = masked.argmax(dim=1)  # torch.argmax returns the first maximal index
+    return torch.where(unlabeled.any(dim=1), index, torch.full_like(index, -1))
+
+
+def negative_class_size(num_unlabeled: torch.Tensor, num_known: torch.Tensor, num_items: int,
+                        neg_size: NegSize) -> torch.Tensor:
+    """k_b, the size of the negative class of each row (int64 [B]); shared by every backend.
+
+    "proportional": round-half-up(|U_b| * N_u / (I - N_u)), at least 1 (the user's
+    share of positives carried over to the batch's unlabeled items);
+    "count": N_u (the paper's |Sigma_neg| = N_u); an int: that number.
+    Always at most |U_b| - 1 so the neutral class keeps at least one item.
+    """
+    num_unlabeled = num_unlabeled.long()
+    num_known = num_known.long()
+    if neg_size == "proportional":
+        rest = (num_items - num_known).clamp_min(1)  # I - N_u; rows where it is 0 have no unlabeled items
+        k = torch.div(2 * num_unlabeled * num_known + rest, 2 * rest, rounding_mode="floor").clamp_min(1)
+    elif neg_size == "count":
+        k = num_known
+    else:
+        k = torch.full_like(num_unlabeled, int(neg_size))
+    return torch.minimum(k, (num_unlabeled - 1).clamp_min(0))
+
+
+def bottom_k_mask(scores: torch.Tensor, unlabeled: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The k[b] lowest-scored unlabeled candidates of each row (smallest j on ties). Bool [B, C]."""
+    key = scores.detach().masked_fill(~unlabeled, float("inf"))
+    order = torch.sort(key, dim=1, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order).contiguous())
+    return unlabeled & (rank < k[:, None])
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * b).sum(dim=-1)
+
+
+def hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, known):
+    """BPR against the in-row hardest unlabeled candidate (the paper's batch DNS).
+
+    Returns ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``; bpr is 0 where the
+    row has no unlabeled candidate (hard_negative -1).
+    """
+    cand_emb = candidate_embeddings(item_table, candidates)
+    scores = row_scores(user_emb, cand_emb)
+    unlabeled = unlabeled_mask(known, users, pos_items, candidates)
+    hard = hard_negative(scores, unlabeled)
+    valid = hard >= 0
+    pos_score = _dot(user_emb, item_table[pos_items])
+    hard_score = scores.gather(1, hard.clamp_min(0)[:, None]).squeeze(1)
+    bpr = torch.where(valid, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
+    return bpr, hard, unlabeled.sum(dim=1)
+
+
+def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
+                  pos_items: torch.Tensor, candidates: torch.Tensor, known: KnownPositives,
+                  neg_size: NegSize, noise_pos: torch.Tensor, noise_neg: torch.Tensor) -> dict:
+    """Per-row PNN terms (docs/semantics.md).
+
+    Args:
+        user_emb: float [B, d]; item_table: float [I, d]; users, pos_items: int [B];
+        candidates: int [C] shared or [B, C] per row; noise_pos, noise_neg: float [B, d].
+    Returns:
+        dict of [B] tensors: ``bpr``, ``rank``, ``constrain`` (float, 0 on rows without
+        unlabeled candidates), ``hard_negative`` (int64 candidate index or -1),
+        ``num_negative``, ``num_neutral`` (int64), ``valid`` (bool).
+    """
+    cand_emb = candidate_embeddings(item_table, candidates)
+    scores = row_scores(user_emb, cand_emb)
+    unlabeled = unlabeled_mask(known, users, pos_items, candidates)
+    num_unlabeled = unlabeled.sum(dim=1)
+    valid = num_unlabeled > 0
+    zero = torch.zeros(users.shape, dtype=user_emb.dtype, device=user_emb.device)
+
+    pos_emb = item_table[pos_items]
+    pos_score = _dot(user_emb, pos_emb)
+
+    # L_BPR with the in-batch dynamic hard negative
+    hard = hard_negative(scores, unlabeled)
+    hard_score = scores.gather(1, hard.clamp_min(0)[:, None]).squeeze(1)
+    bpr = torch.where(valid, F.softplus(hard_score - pos_score), zero)
+
+    # classification: bottom-k_b are negative, the rest of U_b neutral
+    k = negative_class_size(num_unlabeled, known.count(users), known.num_items, neg_size)
+    negative = bottom_k_mask(scores, unlabeled, k)
+    neutral = unlabeled & ~negative
+    num_negative, num_neutral = negative.sum(dim=1), neutral.sum(dim=1)
+    has_negative = num_negative > 0
+
+    # centroids of the two classes
+    def centroid(mask, count):
+        return class_sum(mask.to(user_emb.dtype), cand_emb) / count.clamp_min(1)[:, None].to(user_emb.dtype)
+
+    c_neu = centroid(neutral, num_neutral)
+    c_neg = centroid(negative, num_negative)
+
+    # L_rank: positive > neutral centroid > negative centroid
+    s_neu, s_neg = _dot(user_emb, c_neu), _dot(user_emb, c_neg)
+    rank = F.softplus(s_neu - pos_score) + torch.where(has_negative, F.softplus(s_neg - s_neu), zero)
+    rank = torch.where(valid, rank, zero)
+
+    # L_constrain: the two clamp embeddings e_neu + noise_pos*dir(e_+) and e_neu + noise_neg*dir(c_neg);
+    # e_neu cancels in their difference, so it is evaluated in the simplified form.
+    gap = noise_pos * F.normalize(pos_emb, dim=1, eps=NORM_EPS) - noise_neg * F.normalize(c_neg, dim=1, eps=NORM_EPS)
+    constrain = torch.where(valid & has_negative, gap.pow(2).sum(dim=1), zero)
+
+    return {
+        "bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard,
+        "num_negative": num_negative, "num_neutral": num_neutral, "valid": valid,
+    }
+
+
+def pairwise_uniformity(x: torch.Tensor, t: float) -> torch.Tensor:
+    """log( mean over ordered pairs i != j of exp(-t ||x_i - x_j||^2) ); 0 for fewer than two rows.
+
+    x: float [n, d]. Computed as logsumexp over the off-diagonal pairs minus log(n (n-1)).
+    """
+    n = x.shape[0]
+    if n < 2:
+        return x.sum() * 0
+    sq_norm = x.pow(2).sum(dim=1)
+    dist2 = (sq_norm[:, None] + sq_norm[None, :] - 2 * (x @ x.T)).clamp_min(0)
+    logits = (-t * dist2).masked_fill(torch.eye(n, dtype=torch.bool, device=x.device), float("-inf"))
+    return torch.logsumexp(logits.reshape(-1), dim=0) - torch.log(torch.tensor(float(n * (n - 1)), dtype=x.dtype, device=x.device))

@@ -1,0 +1,180 @@
+"""PNNLoss (reference backend) against the slow per-row implementation, edge rows, gradcheck."""
+import pytest
+import torch
+
+import pnn_fast
+from pnn_fast import KnownPositives, PNNLoss
+from slow_pnn import known_sets, slow_lambda, slow_loss, slow_rows, slow_uniform
+
+NEG_SIZES = ["proportional", "count", 3, 0]
+
+
+def make_problem(seed, batch=24, num_users=9, num_items=30, dim=5, known_per_user=6, k=None, dtype=torch.float64):
+    """Random batch with repeated users and items; small item space so known items collide with candidates."""
+    g = torch.Generator().manual_seed(seed)
+    ku = torch.randint(0, num_users, (num_users * known_per_user,), generator=g)
+    ki = torch.randint(0, num_items, (num_users * known_per_user,), generator=g)
+    known = KnownPositives.from_pairs(ku, ki, num_users, num_items)
+    users = torch.randint(0, num_users, (batch,), generator=g)
+    pos = torch.randint(0, num_items, (batch,), generator=g)
+    user_emb = torch.randn(batch, dim, generator=g, dtype=dtype)
+    item_table = torch.randn(num_items, dim, generator=g, dtype=dtype)
+    neg = None if k is None else torch.randint(0, num_items, (batch, k), generator=g)
+    noise = (torch.rand(batch, dim, generator=g, dtype=dtype) * 0.1, torch.rand(batch, dim, generator=g, dtype=dtype) * 0.1)
+    return dict(known=known, sets=known_sets(ku, ki), users=users, pos=pos, user_emb=user_emb,
+                item_table=item_table, neg=neg, noise=noise, num_items=num_items, dim=dim)
+
+
+def run_both(p, neg_size, lambda_mode="fixed", alpha=0.8, beta=0.6):
+    torch.manual_seed(0)
+    loss_fn = PNNLoss(p["known"], p["dim"], alpha=alpha, beta=beta, neg_size=neg_size, lambda_mode=lambda_mode,
+                      fixed_lambda=0.3, history_len=1000, backend="reference").double()
+    ue = p["user_emb"].clone().requires_grad_()
+    it = p["item_table"].clone().requires_grad_()
+    loss, comp = loss_fn(ue, it, p["users"], p["pos"], p["neg"], noise=p["noise"], return_components=True)
+
+    ue2 = p["user_emb"].clone().requires_grad_()
+    it2 = p["item_table"].clone().requires_grad_()
+    cands = p["pos"] if p["neg"] is None else p["neg"]
+    rows = slow_rows(ue2, it2, p["users"], p["pos"], cands, p["sets"], p["num_items"], neg_size, *p["noise"])
+    uniform = slow_uniform(it2, cands, 2.0, True)
+    if lambda_mode == "fixed":
+        lams = [torch.tensor(0.3, dtype=torch.float64)] * p["users"].numel()
+    else:
+        lams = slow_lambda(loss_fn.attention, ue2, it2, p["users"], p["sets"])
+    slow = slow_loss(rows, uniform, lams, alpha, beta)
+    return (loss, comp, ue, it), (slow, rows, uniform, lams, ue2, it2)
+
+
+@pytest.mark.parametrize("neg_size", NEG_SIZES)
+@pytest.mark.parametrize("k", [None, 8])
+@pytest.mark.parametrize("lambda_mode", ["fixed", "attention"])
+def test_components_loss_and_grads_match_slow_loop(neg_size, k, lambda_mode):
+    p = make_problem(seed=hash((str(neg_size), k, lambda_mode)) % 1000, k=k)
+    (loss, comp, ue, it), (slow, rows, uniform, lams, ue2, it2) = run_both(p, neg_size, lambda_mode)
+    for key in ("bpr", "rank", "constrain"):
+        torch.testing.assert_close(comp[key], torch.stack(rows[key]).reshape(-1), rtol=1e-10, atol=1e-12, msg=key)
+    for key in ("hard_negative", "num_negative", "num_neutral"):
+        assert comp[key].tolist() == rows[key], key
+    assert comp["valid"].tolist() == rows["valid"]
+    torch.testing.assert_close(comp["uniform"], uniform, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(comp["lambda"], torch.stack(lams).reshape(-1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(loss, slow, rtol=1e-10, atol=1e-12)
+    loss.backward()
+    slow.backward()
+    torch.testing.assert_close(ue.grad, ue2.grad, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(it.grad, it2.grad, rtol=1e-8, atol=1e-10)
+
+
+def test_problem_exercises_edge_rows():
+    """The random problems above do contain rows with 0, 1 and many unlabeled candidates."""
+    p = make_problem(seed=3, k=2, known_per_user=20)
+    _, comp, *_ = run_both(p, "proportional")[0]
+    n_unl = comp["num_negative"] + comp["num_neutral"]
+    assert (n_unl == 0).any() and (n_unl == 1).any() and (n_unl == 2).any()
+
+
+def _tiny_known():
+    # user 0 knows items 0,1; user 1 knows item 2
+    return KnownPositives.from_pairs(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 2]), 2, 6)
+
+
+def test_row_with_one_unlabeled_keeps_first_rank_term_only():
+    known = _tiny_known()
+    loss_fn = PNNLoss(known, 2, lambda_mode="fixed", fixed_lambda=1.0, alpha=1.0, beta=0.0, backend="reference")
+    user_emb = torch.tensor([[1.0, 0.5]])
+    item_table = torch.randn(6, 2)
+    # candidates: 0, 1 known; 3 is the positive; only item 4 is unlabeled
+    loss, comp = loss_fn(user_emb, item_table, torch.tensor([0]), torch.tensor([3]), torch.tensor([[0, 1, 3, 4]]),
+                         return_components=True)
+    assert comp["num_negative"].tolist() == [0] and comp["num_neutral"].tolist() == [1]
+    assert comp["hard_negative"].tolist() == [3] and comp["constrain"].tolist() == [0.0]
+    s_pos = user_emb[0] @ item_table[3]
+    expected = torch.nn.functional.softplus(user_emb[0] @ item_table[4] - s_pos)
+    torch.testing.assert_close(comp["rank"][0], expected)
+    torch.testing.assert_close(loss, expected)  # lambda 1, beta 0: the loss is the rank term
+
+
+def test_rows_without_unlabeled_contribute_nothing():
+    known = _tiny_known()
+    loss_fn = PNNLoss(known, 2, lambda_mode="fixed", backend="reference")
+    item_table = torch.randn(6, 2, requires_grad=True)
+    user_emb = torch.randn(2, 2, requires_grad=True)
+    users, pos = torch.tensor([0, 0]), torch.tensor([3, 4])
+    neg = torch.tensor([[0, 1, 3], [4, 5, 5]])  # row 0: nothing unlabeled; row 1: items 5, 5
+    loss, comp = loss_fn(user_emb, item_table, users, pos, neg, return_components=True)
+    assert comp["valid"].tolist() == [False, True]
+    assert comp["hard_negative"].tolist() == [-1, 1]  # ties between the two copies of item 5: smallest j
+    assert comp["bpr"][0] == 0 and comp["rank"][0] == 0 and comp["constrain"][0] == 0
+    row1 = 0.5 * comp["bpr"][1] + 0.5 * (0.8 * comp["constrain"][1] + 0.6 * comp["uniform"] + comp["rank"][1])
+    torch.testing.assert_close(loss, row1)  # the mean runs over the valid row only
+    loss.backward()
+    assert torch.all(user_emb.grad[0] == 0)
+
+
+def test_no_valid_row_gives_zero_loss_with_gradient():
+    known = _tiny_known()
+    loss_fn = PNNLoss(known, 2, backend="reference")
+    user_emb = torch.randn(1, 2, requires_grad=True)
+    loss = loss_fn(user_emb, torch.randn(6, 2), torch.tensor([0]), torch.tensor([3]), torch.tensor([[0, 1, 3]]))
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.all(user_emb.grad == 0)
+
+
+def test_in_batch_candidates_exclude_own_positive_and_known():
+    known = _tiny_known()
+    loss_fn = PNNLoss(known, 2, lambda_mode="fixed", backend="reference")
+    users, pos = torch.tensor([0, 1, 1]), torch.tensor([3, 0, 2])
+    _, comp = loss_fn(torch.randn(3, 2), torch.randn(6, 2), users, pos, return_components=True)
+    # candidates are 3, 0, 2 for every row. row 0 (user 0 knows 0, 1; own 3): {2};
+    # row 1 (user 1 knows 2; own 0): {3}; row 2 (user 1; own 2): {3, 0}
+    n_unl = (comp["num_negative"] + comp["num_neutral"]).tolist()
+    assert n_unl == [1, 1, 2]
+    assert comp["hard_negative"][0].item() == 2
+
+
+def test_gradcheck_float64():
+    p = make_problem(seed=11, batch=6, num_users=4, num_items=12, dim=3, known_per_user=2, k=5)
+    loss_fn = PNNLoss(p["known"], p["dim"], neg_size="proportional", history_len=100, backend="reference").double()
+
+    def f(ue, it):
+        return loss_fn(ue, it, p["users"], p["pos"], p["neg"], noise=p["noise"])
+
+    ue = p["user_emb"].clone().requires_grad_()
+    it = p["item_table"].clone().requires_grad_()
+    assert torch.autograd.gradcheck(f, (ue, it), eps=1e-6, atol=1e-6)
+
+
+def test_attention_parameters_get_gradients_and_stay_positive():
+    p = make_problem(seed=5, k=None)
+    loss_fn = PNNLoss(p["known"], p["dim"], backend="reference").double()
+    loss = loss_fn(p["user_emb"], p["item_table"], p["users"], p["pos"])
+    loss.backward()
+    for name in ("raw_w1", "raw_w2", "bias"):
+        grad = getattr(loss_fn.attention, name).grad
+        assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
+    assert (loss_fn.attention.w1 > 0).all() and (loss_fn.attention.w2 > 0).all()
+
+
+def test_history_subset_is_random_subset_of_known():
+    known = KnownPositives.from_pairs(torch.zeros(40, dtype=torch.long), torch.arange(40), 2, 50)
+    att = pnn_fast.UserAwareAttention(4, history_len=10)
+    users = torch.tensor([0, 1])
+    items, mask = att.sample_history(known, users)
+    assert mask[0].all() and not mask[1].any()
+    assert len(set(items[0].tolist())) == 10 and set(items[0].tolist()) <= set(range(40))
+    items2, _ = att.sample_history(known, users)
+    assert items[0].tolist() != items2[0].tolist()  # fresh sample each call (fails with prob ~1e-14)
+
+
+def test_noise_is_drawn_in_range_when_not_given():
+    p = make_problem(seed=2, k=4)
+    loss_fn = PNNLoss(p["known"], p["dim"], noise_max=0.0, lambda_mode="fixed", backend="reference").double()
+    _, comp = loss_fn(p["user_emb"], p["item_table"], p["users"], p["pos"], p["neg"], return_components=True)
+    assert torch.all(comp["constrain"] == 0)  # zero-magnitude noise: the two clamps coincide
+    loss_fn.noise_max = 0.1
+    _, comp = loss_fn(p["user_emb"], p["item_table"], p["users"], p["pos"], p["neg"], return_components=True)
+    has_neg = comp["num_negative"] > 0
+    assert torch.all(comp["constrain"][has_neg] > 0)
+    assert torch.all(comp["constrain"] <= 4 * 0.1 ** 2 * p["dim"])
