@@ -40,6 +40,10 @@ class KnownPositives:
         counts = self.indptr[1:] - self.indptr[:-1]
         self._owner = torch.repeat_interleave(torch.arange(self.num_users, device=self.indptr.device), counts)
         self._keys = self._owner * self.num_items + self.indices
+        # key of the m-th known item of u: u * (I + 1) + (k_m - m), the number of unknown items
+        # before it; non-decreasing, so one searchsorted maps a rank among unknown items to an item
+        local = torch.arange(self.indices.numel(), device=self.indptr.device) - self.indptr[self._owner]
+        self._gap_keys = self._owner * (self.num_items + 1) + (self.indices - local)
         if self.indices.numel() and bool((self.indices < 0).any() | (self.indices >= self.num_items).any()):
             raise ValueError(f"indices must lie in [0, num_items={self.num_items})")
         if bool((self._keys[1:] <= self._keys[:-1]).any()):
@@ -93,6 +97,28 @@ class KnownPositives:
             return torch.zeros(users.shape, dtype=torch.bool, device=users.device)
         pos = torch.searchsorted(self._keys, query).clamp_max(self._keys.numel() - 1)
         return (self._keys[pos] == query).reshape(users.shape)
+
+    def sample_unknown(self, users: torch.Tensor, num: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Items drawn uniformly (with replacement) from each user's unknown items.
+
+        Exact and loop-free: draw a rank ``r`` in ``[0, I - N_u)`` and map it to the r-th unknown
+        item ``r + #{m : k_m - m <= r}`` by one searchsorted; no rejection rounds, no host sync.
+
+        Args:
+            users: int [B]; every user must have at least one unknown item.
+            num: candidates per row.
+        Returns:
+            int64 [B, num].
+        """
+        users = users.long()
+        free = (self.num_items - self.count(users)).clamp_min(1)[:, None]
+        rank = (torch.rand(users.numel(), num, generator=generator, device=users.device) * free).long()
+        rank = torch.minimum(rank, free - 1)  # guards the float rounding of rand * free
+        if self._gap_keys.numel() == 0:
+            return rank
+        query = users[:, None] * (self.num_items + 1) + rank
+        before = torch.searchsorted(self._gap_keys, query, right=True) - self.indptr[users][:, None]
+        return rank + before
 
     def __repr__(self) -> str:
         return f"KnownPositives(num_users={self.num_users}, num_items={self.num_items}, nnz={self.nnz}, device={self.device})"

@@ -133,6 +133,8 @@ class PNNLoss(nn.Module):
         lambda_mode: "attention" (learned per user) or "fixed" (``fixed_lambda`` everywhere).
         use_rank: keep L_rank (False gives the paper's "w/o rank" ablation).
         backend: "auto", "reference", "cpu" or "cuda" (same semantics everywhere).
+        validate: check id ranges and finiteness on every call (one host sync); a trainer that
+            makes its own ids may turn it off. Shapes, dtypes and devices are always checked.
 
     Forward shapes: ``user_emb`` float [B, d]; ``item_table`` float [I, d];
     ``users``, ``pos_items`` int [B]; ``neg_items`` int [B, K] or None (in-batch candidates);
@@ -144,7 +146,7 @@ class PNNLoss(nn.Module):
     def __init__(self, known: KnownPositives, dim: int, *, alpha: float = 0.8, beta: float = 0.6,
                  noise_max: float = 0.1, neg_size: Union[str, int] = "proportional", history_len: int = 50,
                  uniform_t: float = 2.0, uniform_normalize: bool = True, lambda_mode: str = "attention",
-                 fixed_lambda: float = 0.5, use_rank: bool = True, backend: str = "auto"):
+                 fixed_lambda: float = 0.5, use_rank: bool = True, backend: str = "auto", validate: bool = True):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
@@ -171,12 +173,13 @@ class PNNLoss(nn.Module):
         self.fixed_lambda = float(fixed_lambda)
         self.use_rank = use_rank
         self.backend = _check_backend(backend)
+        self.validate = validate
         self.attention = UserAwareAttention(dim, history_len) if lambda_mode == "attention" else None
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                 pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None,
                 noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_components: bool = False):
-        validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise)
+        validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise, self.validate)
         known = self.known = self.known.to(user_emb.device)  # moved once, then cached
         impl = resolve_backend(self.backend, user_emb.device)
         candidates = pos_items if neg_items is None else neg_items
@@ -245,21 +248,22 @@ class DNSLoss(nn.Module):
     Candidates are ``neg_items [B, M]`` (e.g. M uniform samples, the authors' M=8) or, when
     None, the batch's positive items (the paper's in-batch DNS). A row's known positives and
     its own positive are never taken; rows without a candidate are left out of the mean.
-    Same semantics as PNNLoss's ``bpr`` component, on the same backends.
+    Same semantics as PNNLoss's ``bpr`` component, on the same backends; ``validate`` as PNNLoss.
     """
 
-    def __init__(self, known: KnownPositives, *, backend: str = "auto"):
+    def __init__(self, known: KnownPositives, *, backend: str = "auto", validate: bool = True):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
         self.known = known
         self.backend = _check_backend(backend)
+        self.validate = validate
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                 pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None) -> torch.Tensor:
         require_tensor("user_emb", user_emb)
         dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
-        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None)
+        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None, self.validate)
         self.known = self.known.to(user_emb.device)  # no copy when already there
         impl = resolve_backend(self.backend, user_emb.device)
         candidates = pos_items if neg_items is None else neg_items

@@ -128,3 +128,14 @@ def test_dns_loss_matches_pnn_bpr_rows(k):
     rows = slow_rows(ue, it, users, pos, pos if neg is None else neg, known_sets(ku, ki), 12, 1, noise, noise)
     valid_bpr = [b for b, ok in zip(rows["bpr"], rows["valid"]) if ok]
     torch.testing.assert_close(DNSLoss(known, backend="reference")(ue, it, users, pos, neg), torch.stack(valid_bpr).mean())
+
+
+def test_sample_unknown_is_uniform_over_unknown_items():
+    known = KnownPositives.from_pairs(torch.tensor([0, 0, 0, 1]), torch.tensor([0, 2, 3, 5]), 3, 6)
+    g = torch.Generator().manual_seed(0)
+    draws = known.sample_unknown(torch.tensor([0, 1, 2]), 30000, generator=g)
+    for row, allowed in enumerate([{1, 4, 5}, {0, 1, 2, 3, 4}, set(range(6))]):
+        values, counts = draws[row].unique(return_counts=True)
+        assert set(values.tolist()) == allowed
+        freq = counts.double() / counts.sum()
+        assert torch.allclose(freq, torch.full_like(freq, 1 / len(allowed)), atol=0.015)

@@ -1,0 +1,161 @@
+"""``pnn-fast train`` and ``pnn-fast evaluate`` (also ``python -m pnn_fast``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXAMPLES = """examples:
+  pnn-fast train                                   # built-in synthetic data, MF + PNN
+  pnn-fast train --data ../shared/data/ml-1m --split rs --model lightgcn --loss pnn
+  pnn-fast train --data ratings.csv --loss dns --epochs 50 --out runs/dns
+  pnn-fast evaluate --checkpoint runs/pnn/checkpoint.pt --data ../shared/data/ml-1m --split rs
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad options end in one line on stderr, not a usage dump or a traceback."""
+
+    def error(self, message):
+        self.exit(2, f"pnn-fast: error: {message} (see --help)\n")
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default=None, help="folder or file (LightGCN text, RecBole .inter, MovieLens "
+                   "ratings.dat/.csv, user,item CSV); default: the built-in synthetic data set")
+    g.add_argument("--format", default="auto", choices=["auto", "lightgcn", "inter", "movielens", "csv"])
+    g.add_argument("--split", default="auto", choices=["auto", "files", "rs"],
+                   help="files' own split, or RecBole's per-user random 8:1:1 ('rs', the paper's protocol)")
+    g.add_argument("--split-seed", type=int, default=2020, help="seed of the 'rs' split")
+    g.add_argument("--rating-threshold", type=float, default=None, help="keep ratings >= this")
+    g.add_argument("--kcore", type=int, default=0, help="drop users/items with fewer interactions (iterated)")
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    from .train import TrainConfig
+
+    d = TrainConfig()
+    g = p.add_argument_group("model and optimisation")
+    g.add_argument("--model", default=d.model, choices=["mf", "lightgcn", "ngcf", "sgl"])
+    g.add_argument("--loss", default=d.loss, choices=["bpr", "dns", "pnn"])
+    g.add_argument("--dim", type=int, default=d.dim, help="embedding size")
+    g.add_argument("--epochs", type=int, default=d.epochs)
+    g.add_argument("--batch-size", type=int, default=d.batch_size)
+    g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--reg-weight", type=float, default=d.reg_weight, help="L2 weight of the batch embeddings")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
+    g.add_argument("--patience", type=int, default=d.patience, help="early stopping: epochs without improvement")
+    g.add_argument("--valid-metric", default=d.valid_metric, help="e.g. ndcg@20, recall@20, mrr@10")
+    g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a model hyper-parameter by RecBole's name, e.g. n_layers=3 (repeatable)")
+    g = p.add_argument_group("dns")
+    g.add_argument("--dns-candidates", type=int, default=d.dns_candidates, help="M uniform candidates per row")
+    g.add_argument("--dns-in-batch", action="store_true", help="hardest of the whole batch's positives instead")
+    g = p.add_argument_group("pnn (ablations of the paper's Table 5 as switches)")
+    g.add_argument("--pnn-sampled", action="store_true", help="sampled unlabeled candidates instead of in-batch")
+    g.add_argument("--pnn-candidates", type=int, default=d.pnn_candidates, help="K sampled candidates per row")
+    g.add_argument("--alpha", type=float, default=d.alpha, help="weight of L_constrain (0: w/o constrain)")
+    g.add_argument("--beta", type=float, default=d.beta, help="weight of L_uniform (0: w/o uniform)")
+    g.add_argument("--no-rank", action="store_true", help="drop L_rank (w/o rank)")
+    g.add_argument("--fixed-lambda", type=float, default=None, help="a fixed lambda instead of the attention (w/o ada)")
+    g.add_argument("--no-warmup", action="store_true", help="lambda = 1: no BPR warm-up (w/o sem)")
+    g.add_argument("--neg-size", default=d.neg_size, help="'proportional', 'count' or an int")
+    g.add_argument("--history-len", type=int, default=d.history_len)
+    g.add_argument("--backend", default=d.backend, choices=["auto", "reference", "cpu", "cuda"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pnn-fast", description="Positive-neutral-negative learning for recommenders.",
+                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = sub.add_parser("train", help="train a model and report test metrics at the best validation epoch",
+                           epilog=EXAMPLES, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_data_args(train)
+    _add_train_args(train)
+    train.add_argument("--out", default=None, help="output folder (default runs/<data>-<model>-<loss>)")
+    train.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev = sub.add_parser("evaluate", help="score a checkpoint's model on the test split",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_data_args(ev)
+    ev.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by train")
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--split-name", default="test", choices=["valid", "test"])
+    return parser
+
+
+def _parse_model_args(pairs: list) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--model-arg must be KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _load_data(args):
+    from .data import load_dataset, synthetic_dataset
+
+    if args.data is None:
+        return synthetic_dataset()
+    return load_dataset(args.data, format=args.format, split=args.split, seed=args.split_seed,
+                        rating_threshold=args.rating_threshold, kcore=args.kcore)
+
+
+def _train(args) -> None:
+    from .train import TrainConfig, run
+
+    lambda_mode, fixed = "attention", 0.5
+    if args.no_warmup:
+        lambda_mode, fixed = "fixed", 1.0
+    elif args.fixed_lambda is not None:
+        lambda_mode, fixed = "fixed", args.fixed_lambda
+    config = TrainConfig(
+        model=args.model, loss=args.loss, dim=args.dim, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        reg_weight=args.reg_weight, seed=args.seed, device=args.device, patience=args.patience,
+        valid_metric=args.valid_metric, dns_candidates=args.dns_candidates, dns_in_batch=args.dns_in_batch,
+        pnn_in_batch=not args.pnn_sampled, pnn_candidates=args.pnn_candidates, alpha=args.alpha, beta=args.beta,
+        neg_size=args.neg_size, history_len=args.history_len, lambda_mode=lambda_mode, fixed_lambda=fixed,
+        use_rank=not args.no_rank, backend=args.backend, model_args=_parse_model_args(args.model_arg))
+    data = _load_data(args)
+    print(data.summary())
+    out = args.out or Path("runs") / f"{data.name}-{args.model}-{args.loss}"
+    run(data, config, out, resume=args.resume, progress=not args.no_progress)
+    print(f"results: {Path(out) / 'results.json'}, curves: {Path(out) / 'curves.png'}")
+
+
+def _evaluate(args) -> None:
+    import torch
+
+    from .train import Trainer, load_config
+
+    state = torch.load(args.checkpoint, map_location=args.device, weights_only=False)
+    config = load_config(state["config"], device=args.device)
+    trainer = Trainer(_load_data(args), config, Path(args.checkpoint).parent)
+    trainer.model.load_state_dict(state["best"]["state"] or state["model"])
+    metrics = trainer.evaluate_split(args.split_name)
+    print(json.dumps(metrics, indent=2))
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "train":
+            _train(args)
+        else:
+            _evaluate(args)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
+        print(f"pnn-fast: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+__all__ = ["build_parser", "main"]

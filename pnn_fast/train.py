@@ -1,0 +1,279 @@
+"""A thin trainer: RecBole's protocol for the paper's experiments, without its overheads.
+
+Each epoch shuffles the training pairs on the device, draws negatives on the device
+(:meth:`KnownPositives.sample_unknown`, exact and loop-free) and keeps the running loss
+on the device, so a batch costs no host synchronisation in the trainer itself. After each
+epoch it evaluates on the validation split, keeps the best state, writes a checkpoint
+(atomically: an interrupted run resumes where the last epoch ended, with the same random
+streams) and stops early after ``patience`` epochs without improvement. The test split is
+scored once, with the best state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import __version__, build_info
+from .data import Dataset
+from .eval import evaluate
+from .known import KnownPositives
+from .losses import BPRLoss, DNSLoss, PNNLoss
+from .models import Recommender, build_model
+
+LOSSES = ("bpr", "dns", "pnn")
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a run; defaults are the paper's (Adam, lr 1e-3, batch 2048, L2 1e-4, d = 64)."""
+
+    model: str = "mf"
+    loss: str = "pnn"
+    dim: int = 64
+    epochs: int = 300
+    batch_size: int = 2048
+    lr: float = 1e-3
+    reg_weight: float = 1e-4
+    seed: int = 2020
+    device: str = "cpu"
+    patience: int = 10
+    valid_metric: str = "ndcg@20"
+    ks: tuple = (10, 20)
+    eval_batch_size: int = 1024
+    # dns: the hardest of `dns_candidates` uniform unknown items, or of the batch's positives
+    dns_candidates: int = 8
+    dns_in_batch: bool = False
+    # pnn: in-batch candidates (the paper's scheme) or `pnn_candidates` sampled unknown items
+    pnn_in_batch: bool = True
+    pnn_candidates: int = 8
+    alpha: float = 0.8
+    beta: float = 0.6
+    neg_size: str = "proportional"
+    history_len: int = 50
+    lambda_mode: str = "attention"
+    fixed_lambda: float = 0.5
+    use_rank: bool = True
+    backend: str = "auto"
+    model_args: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        for name in ("dim", "epochs", "batch_size", "patience", "eval_batch_size", "dns_candidates", "pnn_candidates"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.lr <= 0 or self.reg_weight < 0:
+            raise ValueError(f"lr must be > 0 and reg_weight >= 0, got lr={self.lr}, reg_weight={self.reg_weight}")
+        metric, _, k = self.valid_metric.partition("@")
+        if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit():
+            raise ValueError(f"valid_metric must look like 'ndcg@20', got {self.valid_metric!r}")
+        self.ks = tuple(sorted(set(int(x) for x in self.ks) | {int(k)}))
+        if self.neg_size.isdigit():
+            self.neg_size = int(self.neg_size)
+
+
+def build_loss(config: TrainConfig, known: KnownPositives, dim: int) -> torch.nn.Module:
+    """The loss module named by ``config.loss``."""
+    if config.loss == "bpr":
+        return BPRLoss()
+    if config.loss == "dns":
+        return DNSLoss(known, backend=config.backend, validate=False)
+    return PNNLoss(known, dim, alpha=config.alpha, beta=config.beta, neg_size=config.neg_size,
+                   history_len=config.history_len, lambda_mode=config.lambda_mode, fixed_lambda=config.fixed_lambda,
+                   use_rank=config.use_rank, backend=config.backend, validate=False)
+
+
+def embedding_l2(model: Recommender, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """RecBole's EmbLoss (require_pow=False): sum of the Frobenius norms of the batch's layer-0
+    user and item rows, divided by the batch size."""
+    user_rows, item_rows = model.ego_embeddings(users, items)
+    return (user_rows.norm() + item_rows.norm()) / users.numel()
+
+
+class Trainer:
+    """Trains ``config.model`` with ``config.loss`` on ``data``; results and checkpoints go to ``out_dir``."""
+
+    def __init__(self, data: Dataset, config: TrainConfig, out_dir: os.PathLike | str):
+        self.data, self.config = data, config
+        self.out_dir = Path(out_dir)
+        self.device = torch.device(config.device)
+        torch.manual_seed(config.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        train_users, train_items = (t.to(self.device) for t in data.train)
+        self.train_users, self.train_items = train_users, train_items
+        self.known = KnownPositives.from_pairs(train_users, train_items, data.num_users, data.num_items)
+        self.model = build_model(config.model, data.num_users, data.num_items, train_users, train_items,
+                                 dim=config.dim, **config.model_args).to(self.device)
+        self.loss_fn = build_loss(config, self.known, self.model.dim).to(self.device)
+        self.optimizer = torch.optim.Adam(list(self.model.parameters()) + list(self.loss_fn.parameters()), lr=config.lr)
+        self.history: list[dict] = []
+        self.best = {"epoch": -1, "score": -math.inf, "state": None}
+        self.epoch = 0
+
+    # ---- one epoch ------------------------------------------------------------------
+    def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        user_table, item_table = self.model.embeddings()
+        user_emb = user_table[users]
+        reg_items = pos
+        if cfg.loss == "bpr":
+            neg = self.known.sample_unknown(users, 1, self.generator)[:, 0]
+            loss = self.loss_fn(user_emb, item_table, pos, neg)
+            reg_items = torch.cat([pos, neg])
+        elif cfg.loss == "dns":
+            neg = None if cfg.dns_in_batch else self.known.sample_unknown(users, cfg.dns_candidates, self.generator)
+            loss = self.loss_fn(user_emb, item_table, users, pos, neg)
+        else:
+            neg = None if cfg.pnn_in_batch else self.known.sample_unknown(users, cfg.pnn_candidates, self.generator)
+            loss = self.loss_fn(user_emb, item_table, users, pos, neg)
+        reg_users = users if reg_items.numel() == users.numel() else torch.cat([users, users])
+        return loss + cfg.reg_weight * embedding_l2(self.model, reg_users, reg_items) + \
+            self.model.auxiliary_loss(users, pos)
+
+    def train_epoch(self, progress: bool = True) -> float:
+        from tqdm.auto import tqdm
+
+        self.model.train()
+        self.model.on_epoch_start(self.generator)
+        n = self.train_users.numel()
+        order = torch.randperm(n, generator=self.generator, device=self.device)
+        total = torch.zeros((), device=self.device)
+        starts = range(0, n, self.config.batch_size)
+        for start in tqdm(starts, desc=f"epoch {self.epoch + 1}", leave=False, disable=not progress, unit="batch"):
+            idx = order[start:start + self.config.batch_size]
+            loss = self._batch_loss(self.train_users[idx], self.train_items[idx])
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            total += loss.detach() * idx.numel()
+        return float(total) / n  # the epoch's only host sync
+
+    # ---- evaluation ----------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate_split(self, split: str) -> dict:
+        self.model.eval()
+        user_table, item_table = self.model.embeddings()
+        truth = getattr(self.data, split)
+        exclude = [self.data.train] + ([self.data.valid] if split == "test" else [])
+        return evaluate(user_table, item_table, truth, exclude, ks=self.config.ks,
+                        batch_size=self.config.eval_batch_size)
+
+    # ---- checkpoints ---------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out_dir / "checkpoint.pt"
+
+    def save_checkpoint(self) -> None:
+        state = {
+            "config": asdict(self.config), "epoch": self.epoch, "history": self.history, "best": self.best,
+            "model": self.model.state_dict(), "loss_fn": self.loss_fn.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+            "cpu_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
+        }
+        tmp = self.checkpoint_path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.checkpoint_path)  # atomic: a crash never leaves a half-written checkpoint
+
+    def load_checkpoint(self) -> None:
+        state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
+        saved = {k: v for k, v in state["config"].items() if k not in ("epochs", "patience", "device")}
+        current = {k: v for k, v in asdict(self.config).items() if k in saved}
+        changed = sorted(k for k in saved if json.dumps(saved[k], default=str) != json.dumps(current[k], default=str))
+        if changed:
+            raise ValueError(f"--resume: the checkpoint was made with other settings: {changed}")
+        self.model.load_state_dict(state["model"])
+        self.loss_fn.load_state_dict(state["loss_fn"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["cpu_rng"])
+        if state["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.epoch, self.history, self.best = state["epoch"], state["history"], state["best"]
+
+    # ---- the run -------------------------------------------------------------------
+    def fit(self, *, resume: bool = False, progress: bool = True, log=print) -> dict:
+        """Train until ``config.epochs`` or early stopping; returns the results dict (also written to disk)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            if not self.checkpoint_path.exists():
+                raise FileNotFoundError(f"--resume: no checkpoint at {self.checkpoint_path}")
+            self.load_checkpoint()
+            log(f"resumed from {self.checkpoint_path} after epoch {self.epoch}")
+        cfg = self.config
+        while self.epoch < cfg.epochs and self.epoch - max(self.best["epoch"], 0) < cfg.patience + 1:
+            start = time.perf_counter()
+            loss = self.train_epoch(progress)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            valid = self.evaluate_split("valid") if self.data.valid[0].numel() else {}
+            self.epoch += 1
+            score = valid.get(cfg.valid_metric, -loss)  # no validation split: lowest training loss
+            if score > self.best["score"]:
+                state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                self.best = {"epoch": self.epoch, "score": score, "state": state}
+            self.history.append({"epoch": self.epoch, "loss": loss, "train_seconds": seconds, "valid": valid})
+            shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items() if k.endswith(f"@{max(cfg.ks)}"))
+            log(f"epoch {self.epoch:3d}  loss {loss:.4f}  {seconds:.2f}s  {shown}")
+            self.save_checkpoint()
+        self.model.load_state_dict(self.best["state"])
+        test = self.evaluate_split("test")
+        results = self.results(test)
+        (self.out_dir / "results.json").write_text(json.dumps(results, indent=2))
+        plot_curves(self.history, cfg.valid_metric, self.out_dir / "curves.png")
+        log(f"best epoch {self.best['epoch']} ({cfg.valid_metric} {self.best['score']:.4f}); test " +
+            " ".join(f"{k}={v:.4f}" for k, v in test.items()))
+        return results
+
+    def results(self, test: dict) -> dict:
+        return {
+            "config": asdict(self.config), "dataset": self.data.summary(),
+            "versions": {"pnn_fast": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
+                         "platform": platform.platform(), "build": build_info()},
+            "epochs": self.history, "best_epoch": self.best["epoch"], "best_valid": self.best["score"],
+            "test": test,
+            "mean_epoch_seconds": sum(h["train_seconds"] for h in self.history) / max(len(self.history), 1),
+        }
+
+
+def plot_curves(history: list, metric: str, path: Path) -> None:
+    """Training loss and the validation metric per epoch, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [h["epoch"] for h in history]
+    fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax_loss.plot(epochs, [h["loss"] for h in history], marker=".")
+    ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
+    ax_metric.plot(epochs, [h["valid"].get(metric, float("nan")) for h in history], marker=".", color="C1")
+    ax_metric.set(xlabel="epoch", ylabel=metric, title=f"validation {metric}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def load_config(d: dict, **overrides) -> TrainConfig:
+    """A TrainConfig from a saved dict (e.g. a checkpoint's), with ``overrides`` applied."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in {**d, **overrides}.items() if k in known})
+
+
+def run(data: Dataset, config: TrainConfig, out_dir, *, resume: bool = False, progress: bool = True,
+        log=print) -> dict:
+    """Train and test one configuration; the programmatic twin of ``pnn-fast train``."""
+    return Trainer(data, config, out_dir).fit(resume=resume, progress=progress, log=log)
+
+
+__all__ = ["LOSSES", "TrainConfig", "Trainer", "run", "build_loss", "embedding_l2", "plot_curves", "load_config"]
