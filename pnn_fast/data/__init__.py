@@ -1,0 +1,19 @@
+"""Datasets: loaders for common implicit-feedback formats, RecBole's split, synthetic data.
+
+>>> from pnn_fast.data import load_dataset, synthetic_dataset
+>>> data = load_dataset("../shared/data/ml-100k")        # doctest: +SKIP
+>>> print(synthetic_dataset().summary())                  # doctest: +SKIP
+"""
+from .dataset import DataFormatError, Dataset
+from .loaders import load_dataset
+from .split import random_split_by_user, split_counts
+from .synthetic import synthetic_dataset
+
+__all__ = [
+    "DataFormatError",
+    "Dataset",
+    "load_dataset",
+    "random_split_by_user",
+    "split_counts",
+    "synthetic_dataset",
+]

@@ -1,0 +1,247 @@
+"""Readers for the on-disk interaction formats.
+
+Each reader returns the interactions exactly as the file lists them
+(:class:`RawInteractions`); filtering, deduplication, id remapping and
+splitting happen in :mod:`pnn_fast.data.loaders`.  Anything malformed raises
+:class:`~pnn_fast.data.dataset.DataFormatError` naming the file and the
+1-based line: a bad line is never skipped silently.  Blank lines are ignored
+in every format.
+
+Files are decoded as UTF-8 with ``surrogateescape`` so that a stray non-UTF-8
+byte becomes a located format error (or a distinct token id) instead of a
+``UnicodeDecodeError`` without a line number.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .dataset import DataFormatError
+
+# Ids of up to 18 decimal digits always fit in int64.
+_MAX_ID_DIGITS = 18
+
+
+@dataclass
+class RawInteractions:
+    """One file's interactions before any processing.
+
+    Attributes:
+        path: the file read.
+        users, items: original ids, np.ndarray [n]; int64 for LightGCN text,
+            str for the token formats (.inter, MovieLens, CSV).
+        ratings: float64 [n], or ``None`` when the file has no rating column.
+        timestamps: float64 [n], or ``None`` when the file has no timestamp column.
+    """
+
+    path: Path
+    users: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray | None = None
+    timestamps: np.ndarray | None = None
+
+
+def _open(path: Path):
+    return open(path, encoding="utf-8", errors="surrogateescape")
+
+
+def read_lightgcn(path: os.PathLike | str) -> RawInteractions:
+    """Read LightGCN text: one line per user, ``user item item ...``, non-negative integer ids.
+
+    A line with a user and no items contributes nothing.  The fast path (one
+    ``str.split`` per line, one validity test over all tokens, one numpy
+    conversion) reads Gowalla's million interactions in a fraction of a second;
+    only a file that fails the test is scanned again to locate the first bad token.
+    """
+    path = Path(path)
+    tokens: list[str] = []
+    lengths: list[int] = []
+    with _open(path) as f:
+        for line in f:
+            fields = line.split()
+            if fields:
+                tokens.extend(fields)
+                lengths.append(len(fields))
+    if not tokens:
+        return RawInteractions(path, np.empty(0, np.int64), np.empty(0, np.int64))
+    joined = "".join(tokens)
+    if not (joined.isascii() and joined.isdigit()) or max(map(len, tokens)) > _MAX_ID_DIGITS:
+        raise next(_lightgcn_token_errors(path))
+
+    values = np.array(tokens, dtype=np.int64)
+    counts = np.array(lengths, dtype=np.int64)
+    line_starts = np.cumsum(counts) - counts  # index of each line's user token
+    is_item = np.ones(values.size, dtype=bool)
+    is_item[line_starts] = False
+    users = np.repeat(values[line_starts], counts - 1)
+    return RawInteractions(path, users, values[is_item])
+
+
+def _lightgcn_token_errors(path: Path) -> Iterator[DataFormatError]:
+    """Errors for the invalid tokens of a LightGCN file, in file order."""
+    with _open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            for position, token in enumerate(line.split()):
+                role = "user" if position == 0 else "item"
+                digits = token.removeprefix("-")
+                if not (digits.isascii() and digits.isdigit()):
+                    yield DataFormatError(path, lineno, f"{role} id {token!r} is not a non-negative integer")
+                elif token.startswith("-"):
+                    yield DataFormatError(path, lineno, f"{role} id {token} is negative")
+                elif len(token) > _MAX_ID_DIGITS:
+                    yield DataFormatError(
+                        path, lineno, f"{role} id {token} is too large (more than {_MAX_ID_DIGITS} digits)"
+                    )
+
+
+def read_atomic_inter(path: os.PathLike | str) -> RawInteractions:
+    """Read a RecBole atomic ``.inter`` file.
+
+    Tab-separated; line 1 is the header ``name:type`` per column, e.g.
+    ``user_id:token\\titem_id:token\\trating:float\\ttimestamp:float``.
+    Columns are found by name (``user_id``, ``item_id`` required; ``rating`` and
+    ``timestamp`` optional; others ignored) and every row must have as many
+    fields as the header.
+    """
+    path = Path(path)
+    rows, linenos = _read_rows(path, "\t")
+    if not rows or linenos[0] != 1:
+        raise DataFormatError(path, 1, "missing header (expected e.g. 'user_id:token<TAB>item_id:token')")
+    position: dict[str, int] = {}
+    for k, field in enumerate(rows[0]):
+        name, colon, _ = field.strip().partition(":")
+        if not colon:
+            raise DataFormatError(path, 1, f"header field {field!r} is not of the form name:type")
+        position.setdefault(name, k)
+    for required in ("user_id", "item_id"):
+        if required not in position:
+            raise DataFormatError(path, 1, f"header has no {required} column (found {sorted(position)})")
+    return _table(
+        path, rows[1:], linenos[1:], sep="\t", width=len(rows[0]),
+        user=position["user_id"], item=position["item_id"],
+        rating=position.get("rating"), timestamp=position.get("timestamp"),
+    )
+
+
+def read_movielens_dat(path: os.PathLike | str) -> RawInteractions:
+    """Read MovieLens ``ratings.dat`` (ML-1M, ML-10M): ``user::item::rating::timestamp``, no header."""
+    path = Path(path)
+    rows, linenos = _read_rows(path, "::")
+    return _table(path, rows, linenos, sep="::", width=4, user=0, item=1, rating=2, timestamp=3)
+
+
+# Header names accepted by read_csv, compared after dropping a ``:type`` suffix
+# and underscores and lower-casing ("userId", "user_id", "user_id:token" -> "userid").
+_USER_NAMES = {"user", "userid", "uid"}
+_ITEM_NAMES = {"item", "itemid", "iid", "movie", "movieid"}
+_RATING_NAMES = {"rating"}
+_TIME_NAMES = {"timestamp", "time"}
+
+
+def _normalized(name: str) -> str:
+    return name.strip().partition(":")[0].replace("_", "").lower()
+
+
+def read_csv(path: os.PathLike | str) -> RawInteractions:
+    """Read comma-separated ``user,item[,rating[,timestamp]]`` (MovieLens ``ratings.csv`` included).
+
+    The file has a header when line 1's first field names the user column
+    (``user``, ``user_id``, ``userId``, ``uid``, any case); columns are then found
+    by name (items: ``item``, ``item_id``, ``movieId``, ``iid``; ``rating``;
+    ``timestamp`` or ``time``) and other columns are ignored.  Without a header
+    the columns are positional and every row must have as many fields as the
+    first one (2 to 4).  Fields are not unquoted.
+    """
+    path = Path(path)
+    rows, linenos = _read_rows(path, ",")
+    if not rows:
+        return _table(path, rows, linenos, sep=",", width=2, user=0, item=1, rating=None, timestamp=None)
+    first = [_normalized(field) for field in rows[0]]
+    if linenos[0] == 1 and first[0] in _USER_NAMES:
+        def column(names: set[str]) -> int | None:
+            return next((k for k, name in enumerate(first) if name in names), None)
+
+        item = column(_ITEM_NAMES)
+        if item is None:
+            raise DataFormatError(path, 1, f"header has no item column (one of {sorted(_ITEM_NAMES)}), found {rows[0]}")
+        return _table(
+            path, rows[1:], linenos[1:], sep=",", width=len(first),
+            user=0, item=item, rating=column(_RATING_NAMES), timestamp=column(_TIME_NAMES),
+        )
+    width = len(rows[0])
+    if not 2 <= width <= 4:
+        raise DataFormatError(path, linenos[0], f"expected user,item[,rating[,timestamp]], found {width} fields")
+    return _table(
+        path, rows, linenos, sep=",", width=width,
+        user=0, item=1, rating=2 if width > 2 else None, timestamp=3 if width > 3 else None,
+    )
+
+
+def _read_rows(path: Path, sep: str) -> tuple[list[list[str]], list[int]]:
+    """Non-blank lines split on ``sep``, with their 1-based line numbers."""
+    rows: list[list[str]] = []
+    linenos: list[int] = []
+    with _open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if line.strip():
+                rows.append(line.split(sep))
+                linenos.append(lineno)
+    return rows, linenos
+
+
+def _table(
+    path: Path,
+    rows: list[list[str]],
+    linenos: list[int],
+    *,
+    sep: str,
+    width: int,
+    user: int,
+    item: int,
+    rating: int | None,
+    timestamp: int | None,
+) -> RawInteractions:
+    """Pick the id / rating / timestamp columns out of split rows, checking every row."""
+    bad = next((k for k, row in enumerate(rows) if len(row) != width), None)
+    if bad is not None:
+        found = len(rows[bad])
+        raise DataFormatError(path, linenos[bad], f"expected {width} fields separated by {sep!r}, found {found}")
+    users = [row[user].strip() for row in rows]
+    items = [row[item].strip() for row in rows]
+    for role, ids in (("user", users), ("item", items)):
+        if not all(ids):
+            raise DataFormatError(path, linenos[ids.index("")], f"empty {role} id")
+    return RawInteractions(
+        path,
+        np.array(users, dtype=str),
+        np.array(items, dtype=str),
+        None if rating is None else _floats(path, [row[rating] for row in rows], linenos, "rating"),
+        None if timestamp is None else _floats(path, [row[timestamp] for row in rows], linenos, "timestamp"),
+    )
+
+
+def _floats(path: Path, values: list[str], linenos: list[int], what: str) -> np.ndarray:
+    """float64 [n] from strings; a non-number or a non-finite value is a located error."""
+    try:
+        out = np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+    except ValueError:
+        bad = next(k for k, v in enumerate(values) if not _is_float(v))
+        raise DataFormatError(path, linenos[bad], f"{what} {values[bad].strip()!r} is not a number") from None
+    nonfinite = np.flatnonzero(~np.isfinite(out))
+    if nonfinite.size:
+        k = int(nonfinite[0])
+        raise DataFormatError(path, linenos[k], f"{what} {values[k].strip()!r} is not finite")
+    return out
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,102 @@
+"""Trainer and CLI: resume equals an uninterrupted run, real data beats popularity, CLI errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import data_path
+from pnn_fast.cli import main
+from pnn_fast.data import load_dataset, synthetic_dataset
+from pnn_fast.eval import evaluate
+from pnn_fast.train import TrainConfig, Trainer, run
+
+
+def small_data():
+    return synthetic_dataset(num_users=120, num_items=60, interactions_per_user=12, seed=1)
+
+
+@pytest.mark.parametrize("loss", ["bpr", "dns", "pnn"])
+def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path, loss):
+    data = small_data()
+    config = dict(loss=loss, epochs=3, batch_size=256, dim=8, patience=100)
+    straight = run(data, TrainConfig(**config), tmp_path / "a", progress=False, log=lambda *_: None)
+    run(data, TrainConfig(**dict(config, epochs=2)), tmp_path / "b", progress=False, log=lambda *_: None)
+    resumed = run(data, TrainConfig(**config), tmp_path / "b", resume=True, progress=False, log=lambda *_: None)
+    assert [h["loss"] for h in resumed["epochs"]] == [h["loss"] for h in straight["epochs"]]
+    assert resumed["test"] == straight["test"]
+    assert (tmp_path / "b" / "curves.png").stat().st_size > 0
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    data = small_data()
+    run(data, TrainConfig(loss="bpr", epochs=1, dim=8), tmp_path, progress=False, log=lambda *_: None)
+    with pytest.raises(ValueError, match="lr"):
+        run(data, TrainConfig(loss="bpr", epochs=2, dim=8, lr=0.5), tmp_path, resume=True, progress=False)
+
+
+def popularity_ndcg(data):
+    pop = torch.bincount(data.train[1], minlength=data.num_items).double()[:, None]
+    return evaluate(torch.ones(data.num_users, 1, dtype=torch.float64), pop, data.test, [data.train, data.valid],
+                    ks=(20,))["ndcg@20"]
+
+
+@pytest.mark.parametrize("loss", ["bpr", "pnn"])
+def test_short_run_on_ml100k_beats_most_popular(tmp_path, loss):
+    data = load_dataset(data_path("ml-100k"), split="rs", seed=2020)
+    config = TrainConfig(loss=loss, epochs=4, batch_size=1024, lr=0.01, reg_weight=0.0, dim=32, patience=100)
+    results = run(data, config, tmp_path, progress=False, log=lambda *_: None)
+    baseline = popularity_ndcg(data)
+    assert results["test"]["ndcg@20"] > baseline, (results["test"]["ndcg@20"], baseline)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["best_epoch"] >= 1 and len(saved["epochs"]) == 4 and "torch" in saved["versions"]
+
+
+def test_cli_help_lists_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--data", "--model", "--loss", "--resume", "--no-rank", "--fixed-lambda", "--pnn-sampled"):
+        assert option in text
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "--model", "transformer"], "--model"),
+    (["train", "--epochs", "many"], "--epochs"),
+    (["train", "--epochs", "0"], "epochs"),
+    (["train", "--data", "/nonexistent/folder"], "nonexistent"),
+    (["train", "--model-arg", "n_layers"], "KEY=VALUE"),
+])
+def test_cli_bad_options_give_one_line(argv, fragment, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as err:
+        code = err.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "\n" not in err and "Traceback" not in err
+
+
+def test_module_entry_point_trains_on_builtin_data(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "pnn_fast", "train", "--epochs", "1", "--dim", "8",
+                           "--no-progress", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "best epoch 1" in proc.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["loss"] == "pnn" and 0 <= results["test"]["ndcg@20"] <= 1
+    trainer_out = subprocess.run([sys.executable, "-m", "pnn_fast", "evaluate", "--checkpoint", str(out / "checkpoint.pt")],
+                                 capture_output=True, text=True, timeout=600)
+    assert trainer_out.returncode == 0, trainer_out.stderr
+    assert json.loads(trainer_out.stdout)["ndcg@20"] == pytest.approx(results["test"]["ndcg@20"])
+
+
+def test_trainer_rejects_bad_config():
+    with pytest.raises(ValueError, match="loss"):
+        TrainConfig(loss="softmax")
+    with pytest.raises(ValueError, match="valid_metric"):
+        TrainConfig(valid_metric="auc")
+    with pytest.raises(ValueError, match="model"):
+        Trainer(small_data(), TrainConfig(model="gru"), "/tmp/unused")
