@@ -1,0 +1,231 @@
+"""Full-ranking top-K evaluation with RecBole v1.1.1's metric definitions.
+
+For every user ``u`` with at least one ground-truth item, all items are scored
+(``user_table[u] @ item_table.T``), the items in any ``exclude`` set (training
+items; training and validation items for the test) are set to ``-inf`` and the
+``K = max(ks)`` best remain as the ranked list ``L_u`` (positions 1..K).  With
+``R_u`` the user's ground-truth items, ``rel_u(j) = 1`` when the item at
+position ``j`` is in ``R_u`` (and not excluded), and ``hits_u(k)`` the number
+of relevant items among the first ``k``:
+
+* ``recall@k``    = hits_u(k) / |R_u|  -- over *all* of the user's ground-truth items,
+  so it stays below 1 when |R_u| > k.
+* ``precision@k`` = hits_u(k) / k  -- always divided by k, even if fewer items could be ranked.
+* ``hit@k``       = 1 if hits_u(k) > 0 else 0.
+* ``ndcg@k``      = DCG / IDCG with DCG = sum_{j<=k} rel_u(j) / log2(j + 1) and the ideal
+  IDCG = sum_{j <= min(|R_u|, k)} 1 / log2(j + 1): a user with fewer than k test items can
+  still reach 1.
+* ``mrr@k``       = 1 / (position of the first relevant item) if it is within k, else 0.
+
+Each metric is the plain mean over users with ``|R_u| >= 1``; users without
+ground truth are skipped (not counted as zeros).  These are the formulas of
+``recbole/evaluator/metrics.py`` (Recall, Precision, Hit, NDCG, MRR); RecBole
+also counts ground-truth items that happen to be excluded in ``|R_u|``, and so
+does this module.
+
+Ties: RecBole takes ``torch.topk`` of the masked scores, whose order among
+equal scores is unspecified (it may differ between devices and batch shapes).
+Here equal scores are ordered by ascending item id, which is one of the orders
+``torch.topk`` may return, made deterministic, so results do not depend on
+``batch_size`` or device.  Excluded items never count as hits, even when a user
+has fewer than K candidate items and ``-inf`` entries fill the list.
+
+Cost: users are processed ``batch_size`` at a time, each batch allocating a few
+``[batch_size, num_items]`` tensors on the tables' device; nothing of size
+users x items is ever allocated.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from ._checks import check_id_tensor, require_tensor
+
+METRICS = ("recall", "ndcg", "hit", "precision", "mrr")
+
+
+class CSR(NamedTuple):
+    """Item ids per user: user ``u`` owns ``indices[indptr[u]:indptr[u+1]]`` (sorted, distinct).
+
+    indptr: int64 [num_users + 1]; indices: int64 [nnz].
+    """
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+
+
+def csr_from_pairs(users: torch.Tensor, items: torch.Tensor, num_users: int) -> CSR:
+    """CSR of interaction pairs (int tensors of one shape [n]); repeated pairs are kept once.
+
+    Raises:
+        ValueError: shapes differ or a user id is outside ``[0, num_users)`` or an item id is negative.
+    """
+    check_id_tensor("users", users, None)
+    check_id_tensor("items", items, tuple(users.shape))
+    users, items = users.reshape(-1).long(), items.reshape(-1).long()
+    if users.numel() and (int(users.min()) < 0 or int(users.max()) >= num_users):
+        raise ValueError(f"users has ids outside [0, {num_users})")
+    if items.numel() and int(items.min()) < 0:
+        raise ValueError("items has negative ids")
+    span = int(items.max()) + 1 if items.numel() else 1
+    keys = torch.unique(users * span + items)  # sorted by user, then item
+    indptr = torch.zeros(num_users + 1, dtype=torch.int64, device=keys.device)
+    indptr[1:] = torch.cumsum(torch.bincount(keys // span, minlength=num_users), 0)
+    return CSR(indptr, keys % span)
+
+
+def _is_pair(obj) -> bool:
+    """Whether ``obj`` is a (users, items) pair of tensors (a CSR NamedTuple is checked before)."""
+    return isinstance(obj, (tuple, list)) and len(obj) == 2 and all(isinstance(t, torch.Tensor) for t in obj)
+
+
+def _as_csr(name: str, obj, num_users: int, num_items: int, device: torch.device) -> CSR:
+    """Validate a CSR-like object or a (users, items) pair and move it to ``device``."""
+    if not hasattr(obj, "indptr") and _is_pair(obj):
+        obj = csr_from_pairs(obj[0], obj[1], num_users)
+    if not (hasattr(obj, "indptr") and hasattr(obj, "indices")):
+        raise TypeError(f"{name} must have .indptr and .indices (CSR) or be a (users, items) pair of tensors, "
+                        f"got {type(obj).__name__}")
+    require_tensor(f"{name}.indptr", obj.indptr)
+    require_tensor(f"{name}.indices", obj.indices)
+    if obj.indptr.dim() != 1 or obj.indptr.numel() != num_users + 1:
+        raise ValueError(f"{name}.indptr must have shape [num_users + 1] = [{num_users + 1}], got {list(obj.indptr.shape)}")
+    indices = obj.indices.to(device=device, dtype=torch.int64)
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= num_items):
+        raise ValueError(f"{name}.indices must lie in [0, {num_items})")
+    return CSR(obj.indptr.to(device=device, dtype=torch.int64), indices)
+
+
+def _rows_of(csr: CSR, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entries of the given users' rows: (position of the user in ``users``, item id), both int64 [nnz_batch]."""
+    start = csr.indptr[users]
+    counts = csr.indptr[users + 1] - start
+    total = int(counts.sum())
+    local = torch.repeat_interleave(torch.arange(users.numel(), device=users.device), counts, output_size=total)
+    # Entry t of the batch is entry (t - first entry of its row) of its user's CSR row.
+    row_first = torch.cumsum(counts, 0) - counts
+    position = start[local] + torch.arange(total, device=users.device) - row_first[local]
+    return local, csr.indices[position]
+
+
+def _topk_lowest_id_on_ties(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best entries per row, best first, equal scores ordered by ascending column.
+
+    scores: float [B, n], k <= n.  Returns (values [B, k], columns int64 [B, k]).
+    """
+    # One extra entry tells whether the k-th score also occurs outside the top k: only in such
+    # rows did torch.topk choose freely among tied columns, and there the lowest-numbered
+    # tied columns are taken instead.
+    values, columns = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1)
+    if values.shape[1] > k:
+        rows = (values[:, k] == values[:, k - 1]).nonzero().squeeze(1)
+        values, columns = values[:, :k], columns[:, :k]
+        if rows.numel():
+            kth = values[rows, k - 1 :]
+            need = (values[rows] == kth).sum(dim=1)  # tied slots inside the top k: its last `need`
+            tied = scores[rows] == kth
+            chosen = tied & (torch.cumsum(tied, dim=1) <= need[:, None])
+            which, column = chosen.nonzero(as_tuple=True)  # row-major: ascending columns within a row
+            first = torch.cumsum(need, 0) - need
+            slot = k - need[which] + torch.arange(which.numel(), device=scores.device) - first[which]
+            columns[rows[which], slot] = column
+    # Order equal scores by column: sort by column, then stably by descending score.
+    by_column = torch.argsort(columns, dim=1)
+    columns, values = columns.gather(1, by_column), values.gather(1, by_column)
+    by_score = torch.sort(values, dim=1, descending=True, stable=True).indices
+    return values.gather(1, by_score), columns.gather(1, by_score)
+
+
+@torch.no_grad()
+def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, exclude=(), *,
+             ks: Sequence[int] = (10, 20), metrics: Sequence[str] = METRICS, batch_size: int = 1024) -> dict[str, float]:
+    """Full-ranking top-K metrics of dot-product scores (definitions in the module docstring).
+
+    Args:
+        user_table: float [U, d]; item_table: float [I, d] on the same device (scores are computed there).
+        ground_truth: held-out items per user, CSR-like (``.indptr`` int [U+1], ``.indices`` int, e.g.
+            :class:`pnn_fast.KnownPositives`) or a ``(users, items)`` pair of id tensors.
+        exclude: sets of items never ranked for their user (same forms as ``ground_truth``): an iterable
+            of them, or a single one.
+        ks: cut-offs, positive ints.
+        metrics: names from ``("recall", "ndcg", "hit", "precision", "mrr")``.
+        batch_size: users scored at a time; peak memory is a few ``batch_size x I`` tensors.
+    Returns:
+        ``{"recall@10": ..., "ndcg@20": ..., ...}`` (metric-major, then ks in the given order):
+        means over users with >= 1 ground-truth item; NaN when there is no such user.
+    """
+    require_tensor("user_table", user_table)
+    require_tensor("item_table", item_table)
+    if user_table.dim() != 2 or item_table.dim() != 2 or user_table.shape[1] != item_table.shape[1]:
+        raise ValueError(f"user_table [U, d] and item_table [I, d] must share d, got {list(user_table.shape)} "
+                         f"and {list(item_table.shape)}")
+    if user_table.device != item_table.device:
+        raise ValueError(f"user_table is on {user_table.device} but item_table on {item_table.device}")
+    ks = [int(k) for k in ks]
+    if not ks or any(k <= 0 for k in ks):
+        raise ValueError(f"ks must be positive ints, got {ks}")
+    metrics = list(metrics)
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown}; choose from {list(METRICS)}")
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+    num_users, num_items = user_table.shape[0], item_table.shape[0]
+    device = user_table.device
+    truth = _as_csr("ground_truth", ground_truth, num_users, num_items, device)
+    if hasattr(exclude, "indptr") or _is_pair(exclude):
+        exclude = (exclude,)
+    masks = [_as_csr(f"exclude[{n}]", e, num_users, num_items, device) for n, e in enumerate(exclude)]
+
+    max_k = max(ks)
+    ranked = min(max_k, num_items)
+    positions = torch.arange(1, max_k + 1, device=device, dtype=torch.float64)
+    discount = 1.0 / torch.log2(positions + 1)
+    ideal = torch.cumsum(discount, 0)  # ideal[j-1]: IDCG with j relevant items
+    k_index = torch.tensor(ks, device=device) - 1
+    k_float = torch.tensor(ks, device=device, dtype=torch.float64)
+    sums = {name: torch.zeros(len(ks), dtype=torch.float64, device=device) for name in metrics}
+
+    counts_all = truth.indptr[1:] - truth.indptr[:-1]
+    evaluated = (counts_all > 0).nonzero().squeeze(1)
+    for begin in range(0, evaluated.numel(), batch_size):
+        users = evaluated[begin:begin + batch_size]
+        scores = user_table[users] @ item_table.T  # [B, I]
+        for mask in masks:
+            rows, items = _rows_of(mask, users)
+            scores[rows, items] = -math.inf
+        rows, items = _rows_of(truth, users)
+        relevant = torch.zeros(scores.shape, dtype=torch.bool, device=device)
+        relevant[rows, items] = True
+        values, top = _topk_lowest_id_on_ties(scores, ranked)
+        hits = torch.zeros(users.numel(), max_k, dtype=torch.float64, device=device)
+        hits[:, :ranked] = (relevant.gather(1, top) & (values > -math.inf)).double()
+
+        n_truth = counts_all[users].double()[:, None]  # [B, 1]
+        found = torch.cumsum(hits, dim=1)[:, k_index]  # [B, len(ks)]: hits within each k
+        if "recall" in sums:
+            sums["recall"] += (found / n_truth).sum(0)
+        if "precision" in sums:
+            sums["precision"] += (found / k_float).sum(0)
+        if "hit" in sums:
+            sums["hit"] += (found > 0).double().sum(0)
+        if "ndcg" in sums:
+            dcg = torch.cumsum(hits * discount, dim=1)[:, k_index]
+            best = torch.minimum(n_truth.long(), k_index[None, :] + 1)  # min(|R_u|, k)
+            sums["ndcg"] += (dcg / ideal[best - 1]).sum(0)
+        if "mrr" in sums:
+            first = hits.argmax(dim=1, keepdim=True)  # first relevant position (0 when none)
+            reciprocal = hits.gather(1, first) / (first + 1).double()  # 0 when no hit at all
+            sums["mrr"] += (reciprocal * (first <= k_index[None, :])).sum(0)
+
+    n_users = evaluated.numel()
+    result = {}
+    for name in metrics:
+        means = (sums[name] / n_users).tolist() if n_users else [math.nan] * len(ks)
+        for k, value in zip(ks, means):
+            result[f"{name}@{k}"] = float(value)
+    return result

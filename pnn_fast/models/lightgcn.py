@@ -1,0 +1,53 @@
+"""LightGCN as in RecBole v1.1.1 (``recbole/model/general_recommender/lightgcn.py``).
+
+Layer 0 is the concatenated table ``E0 = [user_embedding; item_embedding]``
+[U+I, d]; layer ``l`` is ``E_l = A_hat @ E_{l-1}`` with the normalised
+adjacency of :mod:`.graph`; the final tables are the mean of ``E_0 .. E_L``
+split back into users and items.  No weights besides the two tables, no
+non-linearity.  Defaults from ``recbole/properties/model/LightGCN.yaml``:
+``embedding_size 64``, ``n_layers 2``, ``reg_weight 1e-5``; initialisation
+``xavier_uniform_`` on both tables.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from .base import Recommender
+from .graph import NormalizedAdjacency
+
+
+def mean_of_layers(propagate, ego: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """Mean of ``[ego, P(ego), P(P(ego)), ...]`` (``n_layers`` applications of ``propagate``); [N, d]."""
+    total = ego
+    layer = ego
+    for _ in range(n_layers):
+        layer = propagate(layer)
+        total = total + layer
+    return total / (n_layers + 1)
+
+
+class LightGCN(Recommender):
+    """Linear propagation over the training graph; output width ``dim`` = embedding size."""
+
+    DEFAULTS: ClassVar[dict] = {"n_layers": 2, "reg_weight": 1e-5}
+
+    def __init__(self, num_users: int, num_items: int, train_users: torch.Tensor, train_items: torch.Tensor,
+                 dim: int = 64, n_layers: int = 2, reg_weight: float = 1e-5):
+        super().__init__(num_users, num_items, dim, reg_weight)
+        if not isinstance(n_layers, int) or isinstance(n_layers, bool) or n_layers < 0:
+            raise ValueError(f"n_layers must be a non-negative int, got {n_layers!r}")
+        self.n_layers = n_layers
+        self.adjacency = NormalizedAdjacency(train_users, train_items, num_users, num_items)
+        nn.init.xavier_uniform_(self.user_embedding.weight)
+        nn.init.xavier_uniform_(self.item_embedding.weight)
+
+    def _ego(self) -> torch.Tensor:
+        return torch.cat([self.user_embedding.weight, self.item_embedding.weight])
+
+    def embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(user [U, dim], item [I, dim]) float32: mean over layers 0..n_layers."""
+        final = mean_of_layers(self.adjacency, self._ego(), self.n_layers)
+        return final[: self.num_users], final[self.num_users:]
