@@ -34,12 +34,14 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
+    from .objectives import OBJECTIVES, build_objective  # noqa: F401  (the import registers the baselines)
     from .train import TrainConfig
 
     d = TrainConfig()
+    pnn = OBJECTIVES["pnn"].DEFAULTS
     g = p.add_argument_group("model and optimisation")
     g.add_argument("--model", default=d.model, choices=["mf", "lightgcn", "ngcf", "sgl"])
-    g.add_argument("--loss", default=d.loss, choices=["bpr", "dns", "pnn"])
+    g.add_argument("--loss", default=d.loss, choices=sorted(OBJECTIVES))
     g.add_argument("--dim", type=int, default=d.dim, help="embedding size")
     g.add_argument("--epochs", type=int, default=d.epochs)
     g.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -51,20 +53,25 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--valid-metric", default=d.valid_metric, help="e.g. ndcg@20, recall@20, mrr@10")
     g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a model hyper-parameter by RecBole's name, e.g. n_layers=3 (repeatable)")
+    g.add_argument("--loss-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a hyper-parameter of the chosen loss by name, e.g. candidates=16 (repeatable; "
+                        "each loss's DEFAULTS in pnn_fast/objectives.py and pnn_fast/baselines/)")
     g = p.add_argument_group("dns")
-    g.add_argument("--dns-candidates", type=int, default=d.dns_candidates, help="M uniform candidates per row")
+    g.add_argument("--dns-candidates", type=int, default=OBJECTIVES["dns"].DEFAULTS["candidates"],
+                   help="M uniform candidates per row")
     g.add_argument("--dns-in-batch", action="store_true", help="hardest of the whole batch's positives instead")
     g = p.add_argument_group("pnn (ablations of the paper's Table 5 as switches)")
     g.add_argument("--pnn-sampled", action="store_true", help="sampled unlabeled candidates instead of in-batch")
-    g.add_argument("--pnn-candidates", type=int, default=d.pnn_candidates, help="K sampled candidates per row")
-    g.add_argument("--alpha", type=float, default=d.alpha, help="weight of L_constrain (0: w/o constrain)")
-    g.add_argument("--beta", type=float, default=d.beta, help="weight of L_uniform (0: w/o uniform)")
+    g.add_argument("--pnn-candidates", type=int, default=pnn["candidates"], help="K sampled candidates per row")
+    g.add_argument("--alpha", type=float, default=pnn["alpha"], help="weight of L_constrain (0: w/o constrain)")
+    g.add_argument("--beta", type=float, default=pnn["beta"], help="weight of L_uniform (0: w/o uniform)")
     g.add_argument("--no-rank", action="store_true", help="drop L_rank (w/o rank)")
     g.add_argument("--fixed-lambda", type=float, default=None, help="a fixed lambda instead of the attention (w/o ada)")
     g.add_argument("--no-warmup", action="store_true", help="lambda = 1: no BPR warm-up (w/o sem)")
-    g.add_argument("--neg-size", default=d.neg_size, help="'proportional', 'count' or an int")
-    g.add_argument("--history-len", type=int, default=d.history_len)
-    g.add_argument("--backend", default=d.backend, choices=["auto", "reference", "cpu", "cuda"])
+    g.add_argument("--neg-size", default=pnn["neg_size"], help="'proportional', 'count' or an int")
+    g.add_argument("--history-len", type=int, default=pnn["history_len"])
+    g.add_argument("--backend", default=pnn["backend"], choices=["auto", "reference", "cpu", "cuda"],
+                   help="kernels of dns and pnn")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,17 +94,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_model_args(pairs: list) -> dict:
+def _parse_pairs(option: str, pairs: list) -> dict:
+    """KEY=VALUE strings to a dict; values parsed as JSON where they are JSON (numbers, true, lists)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise ValueError(f"--model-arg must be KEY=VALUE, got {pair!r}")
+            raise ValueError(f"{option} must be KEY=VALUE, got {pair!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def _loss_args(args) -> dict:
+    """The loss's own flags as loss_args (only those of the chosen loss), then --loss-arg."""
+    if args.loss == "dns":
+        named = {"candidates": args.dns_candidates, "in_batch": args.dns_in_batch, "backend": args.backend}
+    elif args.loss == "pnn":
+        lambda_mode, fixed = "attention", 0.5
+        if args.no_warmup:
+            lambda_mode, fixed = "fixed", 1.0
+        elif args.fixed_lambda is not None:
+            lambda_mode, fixed = "fixed", args.fixed_lambda
+        neg_size = int(args.neg_size) if args.neg_size.isdigit() else args.neg_size
+        named = {"in_batch": not args.pnn_sampled, "candidates": args.pnn_candidates, "alpha": args.alpha,
+                 "beta": args.beta, "neg_size": neg_size, "history_len": args.history_len,
+                 "lambda_mode": lambda_mode, "fixed_lambda": fixed, "use_rank": not args.no_rank,
+                 "backend": args.backend}
+    else:
+        named = {}
+    return {**named, **_parse_pairs("--loss-arg", args.loss_arg)}
 
 
 def _load_data(args):
@@ -112,18 +140,11 @@ def _load_data(args):
 def _train(args) -> None:
     from .train import TrainConfig, run
 
-    lambda_mode, fixed = "attention", 0.5
-    if args.no_warmup:
-        lambda_mode, fixed = "fixed", 1.0
-    elif args.fixed_lambda is not None:
-        lambda_mode, fixed = "fixed", args.fixed_lambda
     config = TrainConfig(
         model=args.model, loss=args.loss, dim=args.dim, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         reg_weight=args.reg_weight, seed=args.seed, device=args.device, patience=args.patience,
-        valid_metric=args.valid_metric, dns_candidates=args.dns_candidates, dns_in_batch=args.dns_in_batch,
-        pnn_in_batch=not args.pnn_sampled, pnn_candidates=args.pnn_candidates, alpha=args.alpha, beta=args.beta,
-        neg_size=args.neg_size, history_len=args.history_len, lambda_mode=lambda_mode, fixed_lambda=fixed,
-        use_rank=not args.no_rank, backend=args.backend, model_args=_parse_model_args(args.model_arg))
+        valid_metric=args.valid_metric, loss_args=_loss_args(args),
+        model_args=_parse_pairs("--model-arg", args.model_arg))
     data = _load_data(args)
     print(data.summary())
     out = args.out or Path("runs") / f"{data.name}-{args.model}-{args.loss}"

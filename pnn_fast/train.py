@@ -26,15 +26,16 @@ from . import __version__, build_info
 from .data import Dataset
 from .eval import evaluate
 from .known import KnownPositives
-from .losses import BPRLoss, DNSLoss, PNNLoss
 from .models import Recommender, build_model
-
-LOSSES = ("bpr", "dns", "pnn")
-
+from .objectives import build_objective
 
 @dataclass
 class TrainConfig:
-    """Every knob of a run; defaults are the paper's (Adam, lr 1e-3, batch 2048, L2 1e-4, d = 64)."""
+    """Every knob of a run; defaults are the paper's (Adam, lr 1e-3, batch 2048, L2 1e-4, d = 64).
+
+    ``loss_args`` override the chosen objective's ``DEFAULTS`` (see :mod:`pnn_fast.objectives`),
+    ``model_args`` the model's RecBole hyper-parameters.
+    """
 
     model: str = "mf"
     loss: str = "pnn"
@@ -49,26 +50,11 @@ class TrainConfig:
     valid_metric: str = "ndcg@20"
     ks: tuple = (10, 20)
     eval_batch_size: int = 1024
-    # dns: the hardest of `dns_candidates` uniform unknown items, or of the batch's positives
-    dns_candidates: int = 8
-    dns_in_batch: bool = False
-    # pnn: in-batch candidates (the paper's scheme) or `pnn_candidates` sampled unknown items
-    pnn_in_batch: bool = True
-    pnn_candidates: int = 8
-    alpha: float = 0.8
-    beta: float = 0.6
-    neg_size: str = "proportional"
-    history_len: int = 50
-    lambda_mode: str = "attention"
-    fixed_lambda: float = 0.5
-    use_rank: bool = True
-    backend: str = "auto"
+    loss_args: dict = field(default_factory=dict)
     model_args: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
-        for name in ("dim", "epochs", "batch_size", "patience", "eval_batch_size", "dns_candidates", "pnn_candidates"):
+        for name in ("dim", "epochs", "batch_size", "patience", "eval_batch_size"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if self.lr <= 0 or self.reg_weight < 0:
@@ -76,20 +62,7 @@ class TrainConfig:
         metric, _, k = self.valid_metric.partition("@")
         if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit():
             raise ValueError(f"valid_metric must look like 'ndcg@20', got {self.valid_metric!r}")
-        self.ks = tuple(sorted(set(int(x) for x in self.ks) | {int(k)}))
-        if self.neg_size.isdigit():
-            self.neg_size = int(self.neg_size)
-
-
-def build_loss(config: TrainConfig, known: KnownPositives, dim: int) -> torch.nn.Module:
-    """The loss module named by ``config.loss``."""
-    if config.loss == "bpr":
-        return BPRLoss()
-    if config.loss == "dns":
-        return DNSLoss(known, backend=config.backend, validate=False)
-    return PNNLoss(known, dim, alpha=config.alpha, beta=config.beta, neg_size=config.neg_size,
-                   history_len=config.history_len, lambda_mode=config.lambda_mode, fixed_lambda=config.fixed_lambda,
-                   use_rank=config.use_rank, backend=config.backend, validate=False)
+        self.ks = tuple(sorted({int(x) for x in self.ks} | {int(k)}))
 
 
 def embedding_l2(model: Recommender, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -111,39 +84,30 @@ class Trainer:
         train_users, train_items = (t.to(self.device) for t in data.train)
         self.train_users, self.train_items = train_users, train_items
         self.known = KnownPositives.from_pairs(train_users, train_items, data.num_users, data.num_items)
+        # held-out splits as CSR once, so each evaluation only scores and ranks
+        self.held_out = {name: KnownPositives.from_pairs(*(t.to(self.device) for t in getattr(data, name)),
+                                                        data.num_users, data.num_items)
+                         for name in ("valid", "test") if getattr(data, name)[0].numel()}
         self.model = build_model(config.model, data.num_users, data.num_items, train_users, train_items,
                                  dim=config.dim, **config.model_args).to(self.device)
-        self.loss_fn = build_loss(config, self.known, self.model.dim).to(self.device)
-        self.optimizer = torch.optim.Adam(list(self.model.parameters()) + list(self.loss_fn.parameters()), lr=config.lr)
+        self.objective = build_objective(config.loss, self.known, self.model, **config.loss_args).to(self.device)
+        self.optimizer = torch.optim.Adam(list(self.model.parameters()) + list(self.objective.parameters()), lr=config.lr)
         self.history: list[dict] = []
         self.best = {"epoch": -1, "score": -math.inf, "state": None}
         self.epoch = 0
 
     # ---- one epoch ------------------------------------------------------------------
     def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        cfg = self.config
-        user_table, item_table = self.model.embeddings()
-        user_emb = user_table[users]
-        reg_items = pos
-        if cfg.loss == "bpr":
-            neg = self.known.sample_unknown(users, 1, self.generator)[:, 0]
-            loss = self.loss_fn(user_emb, item_table, pos, neg)
-            reg_items = torch.cat([pos, neg])
-        elif cfg.loss == "dns":
-            neg = None if cfg.dns_in_batch else self.known.sample_unknown(users, cfg.dns_candidates, self.generator)
-            loss = self.loss_fn(user_emb, item_table, users, pos, neg)
-        else:
-            neg = None if cfg.pnn_in_batch else self.known.sample_unknown(users, cfg.pnn_candidates, self.generator)
-            loss = self.loss_fn(user_emb, item_table, users, pos, neg)
-        reg_users = users if reg_items.numel() == users.numel() else torch.cat([users, users])
-        return loss + cfg.reg_weight * embedding_l2(self.model, reg_users, reg_items) + \
-            self.model.auxiliary_loss(users, pos)
+        out = self.objective(self.model, users, pos, self.generator)
+        l2 = embedding_l2(self.model, out.reg_users, out.reg_items)
+        return out.loss + self.config.reg_weight * l2 + self.model.auxiliary_loss(users, pos)
 
     def train_epoch(self, progress: bool = True) -> float:
         from tqdm.auto import tqdm
 
         self.model.train()
         self.model.on_epoch_start(self.generator)
+        self.objective.on_epoch_start(self.model, self.generator)
         n = self.train_users.numel()
         order = torch.randperm(n, generator=self.generator, device=self.device)
         total = torch.zeros((), device=self.device)
@@ -162,9 +126,8 @@ class Trainer:
     def evaluate_split(self, split: str) -> dict:
         self.model.eval()
         user_table, item_table = self.model.embeddings()
-        truth = getattr(self.data, split)
-        exclude = [self.data.train] + ([self.data.valid] if split == "test" else [])
-        return evaluate(user_table, item_table, truth, exclude, ks=self.config.ks,
+        exclude = [self.known] + ([self.held_out["valid"]] if split == "test" and "valid" in self.held_out else [])
+        return evaluate(user_table, item_table, self.held_out[split], exclude, ks=self.config.ks,
                         batch_size=self.config.eval_batch_size)
 
     # ---- checkpoints ---------------------------------------------------------------
@@ -175,7 +138,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         state = {
             "config": asdict(self.config), "epoch": self.epoch, "history": self.history, "best": self.best,
-            "model": self.model.state_dict(), "loss_fn": self.loss_fn.state_dict(),
+            "model": self.model.state_dict(), "objective": self.objective.state_dict(),
             "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
             "cpu_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
@@ -192,7 +155,7 @@ class Trainer:
         if changed:
             raise ValueError(f"--resume: the checkpoint was made with other settings: {changed}")
         self.model.load_state_dict(state["model"])
-        self.loss_fn.load_state_dict(state["loss_fn"])
+        self.objective.load_state_dict(state["objective"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["cpu_rng"])
@@ -216,7 +179,7 @@ class Trainer:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
-            valid = self.evaluate_split("valid") if self.data.valid[0].numel() else {}
+            valid = self.evaluate_split("valid") if "valid" in self.held_out else {}
             self.epoch += 1
             score = valid.get(cfg.valid_metric, -loss)  # no validation split: lowest training loss
             if score > self.best["score"]:
@@ -227,7 +190,7 @@ class Trainer:
             log(f"epoch {self.epoch:3d}  loss {loss:.4f}  {seconds:.2f}s  {shown}")
             self.save_checkpoint()
         self.model.load_state_dict(self.best["state"])
-        test = self.evaluate_split("test")
+        test = self.evaluate_split("test") if "test" in self.held_out else {}
         results = self.results(test)
         (self.out_dir / "results.json").write_text(json.dumps(results, indent=2))
         plot_curves(self.history, cfg.valid_metric, self.out_dir / "curves.png")
@@ -276,4 +239,4 @@ def run(data: Dataset, config: TrainConfig, out_dir, *, resume: bool = False, pr
     return Trainer(data, config, out_dir).fit(resume=resume, progress=progress, log=log)
 
 
-__all__ = ["LOSSES", "TrainConfig", "Trainer", "run", "build_loss", "embedding_l2", "plot_curves", "load_config"]
+__all__ = ["TrainConfig", "Trainer", "run", "embedding_l2", "plot_curves", "load_config"]

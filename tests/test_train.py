@@ -68,6 +68,7 @@ def test_cli_help_lists_options(capsys):
     (["train", "--epochs", "0"], "epochs"),
     (["train", "--data", "/nonexistent/folder"], "nonexistent"),
     (["train", "--model-arg", "n_layers"], "KEY=VALUE"),
+    (["train", "--loss-arg", "gamma=2", "--epochs", "1"], "gamma"),
 ])
 def test_cli_bad_options_give_one_line(argv, fragment, capsys):
     try:
@@ -94,8 +95,12 @@ def test_module_entry_point_trains_on_builtin_data(tmp_path):
 
 
 def test_trainer_rejects_bad_config():
-    with pytest.raises(ValueError, match="loss"):
-        TrainConfig(loss="softmax")
+    with pytest.raises(ValueError, match="softmax"):
+        Trainer(small_data(), TrainConfig(loss="softmax"), "/tmp/unused")
+    with pytest.raises(ValueError, match="temperature"):
+        Trainer(small_data(), TrainConfig(loss="pnn", loss_args={"temperature": 2}), "/tmp/unused")
+    with pytest.raises(ValueError, match="epochs"):
+        TrainConfig(epochs=0)
     with pytest.raises(ValueError, match="valid_metric"):
         TrainConfig(valid_metric="auc")
     with pytest.raises(ValueError, match="model"):

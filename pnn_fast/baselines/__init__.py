@@ -1,0 +1,1 @@
+"""The paper's competing methods (Table 3) as training objectives; importing registers them."""
