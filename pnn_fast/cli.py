@@ -10,6 +10,7 @@ EXAMPLES = """examples:
   pnn-fast train                                   # built-in synthetic data, MF + PNN
   pnn-fast train --data ../shared/data/ml-1m --split rs --model lightgcn --loss pnn
   pnn-fast train --data ratings.csv --loss dns --epochs 50 --out runs/dns
+  pnn-fast compare --data ../shared/data/ml-100k --losses simplex,uib --epochs 20
   pnn-fast evaluate --checkpoint runs/pnn/checkpoint.pt --data ../shared/data/ml-1m --split rs
 """
 
@@ -85,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", default=None, help="output folder (default runs/<data>-<model>-<loss>)")
     train.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cmp = sub.add_parser("compare", help="train several losses on one model and data; a table of the results",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_data_args(cmp)
+    _add_train_args(cmp)
+    cmp.add_argument("--losses", default="bpr,dns,pnn",
+                     help="comma-separated losses; bpr, dns and pnn are always included, side by side")
+    cmp.add_argument("--out", default=None, help="output folder (default runs/<data>-<model>-compare)")
+    cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev = sub.add_parser("evaluate", help="score a checkpoint's model on the test split",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_data_args(ev)
@@ -137,19 +146,53 @@ def _load_data(args):
                         rating_threshold=args.rating_threshold, kcore=args.kcore)
 
 
-def _train(args) -> None:
-    from .train import TrainConfig, run
+def _config(args, loss: str):
+    from .train import TrainConfig
 
-    config = TrainConfig(
-        model=args.model, loss=args.loss, dim=args.dim, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+    args.loss = loss
+    return TrainConfig(
+        model=args.model, loss=loss, dim=args.dim, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         reg_weight=args.reg_weight, seed=args.seed, device=args.device, patience=args.patience,
         valid_metric=args.valid_metric, loss_args=_loss_args(args),
         model_args=_parse_pairs("--model-arg", args.model_arg))
+
+
+def _train(args) -> None:
+    from .train import run
+
+    config = _config(args, args.loss)
     data = _load_data(args)
     print(data.summary())
     out = args.out or Path("runs") / f"{data.name}-{args.model}-{args.loss}"
     run(data, config, out, resume=args.resume, progress=not args.no_progress)
     print(f"results: {Path(out) / 'results.json'}, curves: {Path(out) / 'curves.png'}")
+
+
+def comparison_table(rows: list) -> str:
+    """Markdown table of (loss, results dict) pairs."""
+    lines = ["| loss | s / epoch | epochs run | best epoch | test recall@20 | test ndcg@20 |",
+             "|---|---|---|---|---|---|"]
+    for loss, r in rows:
+        lines.append(f"| {loss} | {r['mean_epoch_seconds']:.2f} | {len(r['epochs'])} | {r['best_epoch']} | "
+                     f"{r['test'].get('recall@20', float('nan')):.4f} | {r['test'].get('ndcg@20', float('nan')):.4f} |")
+    return "\n".join(lines)
+
+
+def _compare(args) -> None:
+    from .train import run
+
+    losses = list(dict.fromkeys(["bpr", "dns", "pnn"] + [x for x in args.losses.split(",") if x]))
+    configs = {loss: _config(args, loss) for loss in losses}  # every config checked before any training
+    data = _load_data(args)
+    print(data.summary())
+    out = Path(args.out or Path("runs") / f"{data.name}-{args.model}-compare")
+    rows = []
+    for loss, config in configs.items():
+        print(f"== {loss}")
+        rows.append((loss, run(data, config, out / loss, progress=not args.no_progress)))
+    table = comparison_table(rows)
+    (out / "comparison.md").write_text(f"{data.summary()}\n\nmodel {args.model}\n\n{table}\n")
+    print(table)
 
 
 def _evaluate(args) -> None:
@@ -169,10 +212,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "train":
-            _train(args)
-        else:
-            _evaluate(args)
+        {"train": _train, "compare": _compare, "evaluate": _evaluate}[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
         print(f"pnn-fast: error: {err}", file=sys.stderr)
         return 2

@@ -105,3 +105,10 @@ def test_trainer_rejects_bad_config():
         TrainConfig(valid_metric="auc")
     with pytest.raises(ValueError, match="model"):
         Trainer(small_data(), TrainConfig(model="gru"), "/tmp/unused")
+
+
+def test_compare_always_includes_bpr_dns_pnn(tmp_path, capsys):
+    code = main(["compare", "--losses", "bpr", "--epochs", "1", "--dim", "8", "--no-progress", "--out", str(tmp_path)])
+    assert code == 0
+    table = (tmp_path / "comparison.md").read_text()
+    assert all(f"| {loss} |" in table for loss in ("bpr", "dns", "pnn"))
