@@ -35,7 +35,7 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
-    from .objectives import OBJECTIVES, build_objective  # noqa: F401  (the import registers the baselines)
+    from .objectives import OBJECTIVES
     from .train import TrainConfig
 
     d = TrainConfig()
@@ -203,7 +203,7 @@ def _evaluate(args) -> None:
     state = torch.load(args.checkpoint, map_location=args.device, weights_only=False)
     config = load_config(state["config"], device=args.device)
     trainer = Trainer(_load_data(args), config, Path(args.checkpoint).parent)
-    trainer.model.load_state_dict(state["best"]["state"] or state["model"])
+    trainer.restore(state["best"]["state"] or {"model": state["model"], "objective": state["objective"]})
     metrics = trainer.evaluate_split(args.split_name)
     print(json.dumps(metrics, indent=2))
 

@@ -126,8 +126,10 @@ class PNNObjective(Objective):
 
 def build_objective(name: str, known: KnownPositives, model: Recommender, **args) -> Objective:
     """The registered objective ``name`` with ``args`` overriding its defaults."""
-    from . import baselines  # noqa: F401  (registers the paper's competing methods)
-
     if name not in OBJECTIVES:
         raise ValueError(f"unknown loss {name!r}; choose one of {sorted(OBJECTIVES)}")
     return OBJECTIVES[name](known, model, **args)
+
+
+# registers the paper's competing methods; last, because they subclass Objective
+from . import baselines  # noqa: E402,F401

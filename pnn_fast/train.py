@@ -106,6 +106,7 @@ class Trainer:
         from tqdm.auto import tqdm
 
         self.model.train()
+        self.objective.train()
         self.model.on_epoch_start(self.generator)
         self.objective.on_epoch_start(self.model, self.generator)
         n = self.train_users.numel()
@@ -122,10 +123,26 @@ class Trainer:
         return float(total) / n  # the epoch's only host sync
 
     # ---- evaluation ----------------------------------------------------------------
+    def scoring_tables(self) -> tuple:
+        """(user_table, item_table) whose dot products rank items: the model's embeddings, or the
+        objective's own tables where the method scores differently (SimpleX's user tower)."""
+        hook = getattr(self.objective, "scoring_tables", None)
+        return hook(self.model) if hook is not None else self.model.embeddings()
+
+    def snapshot(self) -> dict:
+        """A detached copy of everything that scores: the model's and the objective's state."""
+        return {name: {k: v.detach().clone() for k, v in module.state_dict().items()}
+                for name, module in (("model", self.model), ("objective", self.objective))}
+
+    def restore(self, snapshot: dict) -> None:
+        self.model.load_state_dict(snapshot["model"])
+        self.objective.load_state_dict(snapshot["objective"])
+
     @torch.no_grad()
     def evaluate_split(self, split: str) -> dict:
         self.model.eval()
-        user_table, item_table = self.model.embeddings()
+        self.objective.eval()
+        user_table, item_table = self.scoring_tables()
         exclude = [self.known] + ([self.held_out["valid"]] if split == "test" and "valid" in self.held_out else [])
         return evaluate(user_table, item_table, self.held_out[split], exclude, ks=self.config.ks,
                         batch_size=self.config.eval_batch_size)
@@ -183,13 +200,12 @@ class Trainer:
             self.epoch += 1
             score = valid.get(cfg.valid_metric, -loss)  # no validation split: lowest training loss
             if score > self.best["score"]:
-                state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-                self.best = {"epoch": self.epoch, "score": score, "state": state}
+                self.best = {"epoch": self.epoch, "score": score, "state": self.snapshot()}
             self.history.append({"epoch": self.epoch, "loss": loss, "train_seconds": seconds, "valid": valid})
             shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items() if k.endswith(f"@{max(cfg.ks)}"))
             log(f"epoch {self.epoch:3d}  loss {loss:.4f}  {seconds:.2f}s  {shown}")
             self.save_checkpoint()
-        self.model.load_state_dict(self.best["state"])
+        self.restore(self.best["state"])
         test = self.evaluate_split("test") if "test" in self.held_out else {}
         results = self.results(test)
         (self.out_dir / "results.json").write_text(json.dumps(results, indent=2))
