@@ -51,3 +51,15 @@ class LightGCN(Recommender):
         """(user [U, dim], item [I, dim]) float32: mean over layers 0..n_layers."""
         final = mean_of_layers(self.adjacency, self._ego(), self.n_layers)
         return final[: self.num_users], final[self.num_users:]
+
+    def layer_embeddings(self) -> list[torch.Tensor]:
+        """``[E_0, E_1, ..., E_L]``, each [U+I, dim] float32 (users first), differentiable.
+
+        The layers :meth:`embeddings` averages (summed in this order, then divided by
+        ``n_layers + 1``); for objectives that work per layer, such as MixGCF's hop mixing.
+        Always over the training graph (SGL's augmented views are not used here either).
+        """
+        layers = [self._ego()]
+        for _ in range(self.n_layers):
+            layers.append(self.adjacency(layers[-1]))
+        return layers
