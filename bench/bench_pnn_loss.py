@@ -1,0 +1,115 @@
+"""Forward + backward of the whole PNNLoss (in-batch candidates, d = 64, float32): the reference
+backend against the fused kernels, and on CUDA also torch.compile of the reference.
+
+    pytest bench/bench_pnn_loss.py --benchmark-only        # pytest-benchmark, one row per case
+    python bench/bench_pnn_loss.py [--batches 2048 8192] [--threads 2] [--json rows.json]
+
+The script prints one table with the median time (p20-p80), the speed-up over the reference and
+the memory of one step: on CUDA torch.cuda.max_memory_allocated above the step's inputs, on CPU
+the rise of the process's resident-set high-water mark (VmHWM) in a fresh process, plus the
+largest allocation torch.profiler attributes to one op (a [B, B] float32 matrix is 4 B^2 bytes).
+Every case first checks that its loss equals the reference's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import (cpu_peak_bytes, cuda_peak_bytes, environment, make_step, synchronize,  # noqa: E402
+                      synthetic_problem, time_step)
+
+from pnn_fast import build_info  # noqa: E402
+
+BATCHES = (2048, 8192)
+PROVIDERS = {"cpu": ("reference", "cpu"), "cuda": ("reference", "reference+compile", "cuda")}
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def rounds_for(device: str, provider: str, batch: int) -> int:
+    slow = device == "cpu" and provider == "reference" and batch > 4096  # ~30 s a step on 2 threads
+    return 2 if slow else 5
+
+
+def step_for(problem: dict, device: str, provider: str):
+    backend = device if provider == device else "reference"
+    return make_step(problem, backend, compiled=provider.endswith("+compile"))
+
+
+def checked_step(device: str, provider: str, batch: int, reference_loss: dict):
+    """The provider's step, after checking its loss against the reference's (cached per case)."""
+    problem = synthetic_problem(batch, device=device)
+    step = step_for(problem, device, provider)
+    if provider != "reference":
+        key = (device, batch)
+        if key not in reference_loss:
+            reference_loss[key] = make_step(problem, "reference")()
+        torch.testing.assert_close(step(), reference_loss[key], rtol=1e-4, atol=1e-6)
+    return step
+
+
+CASES = [(device, provider) for device in DEVICES for provider in PROVIDERS[device]]
+_REFERENCE_LOSS: dict = {}
+
+
+@pytest.mark.skipif(not build_info()["compiled"], reason="pnn_fast._C is not built")
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("device,provider", CASES)
+def test_pnn_loss_step(benchmark, device, provider, batch):
+    torch.manual_seed(0)
+    step = checked_step(device, provider, batch, _REFERENCE_LOSS)
+    benchmark.extra_info.update(environment(), device=device, provider=provider, batch=batch)
+
+    def synced():
+        step()
+        synchronize(torch.device(device))
+
+    benchmark.pedantic(synced, rounds=rounds_for(device, provider, batch), iterations=1, warmup_rounds=1)
+
+
+def run_table(batches, threads: int) -> list:
+    torch.set_num_threads(threads)
+    rows, reference_loss = [], {}
+    for device in DEVICES:
+        for batch in batches:
+            base = None
+            for provider in PROVIDERS[device]:
+                step = checked_step(device, provider, batch, reference_loss)
+                timing = time_step(step, torch.device(device), rounds_for(device, provider, batch))
+                if device == "cuda":
+                    memory = {"peak_bytes": cuda_peak_bytes(step, torch.device(device))}
+                else:
+                    memory = cpu_peak_bytes(batch, "reference" if provider == "reference" else "cpu", threads)
+                base = base or timing["median_s"]
+                rows.append({"device": device, "provider": provider, "batch": batch, **timing, **memory,
+                             "speedup": base / timing["median_s"], **environment()})
+                print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+def format_row(row: dict) -> str:
+    memory = (f"peak {row['peak_bytes'] / 2**20:9.1f} MiB" if "peak_bytes" in row else
+              f"RSS +{row['peak_rss_delta'] / 2**20:8.1f} MiB, largest op {row['largest_op_alloc'] / 2**20:7.1f} MiB")
+    return (f"| {row['device']:4} | {row['provider']:17} | {row['batch']:5} | {row['median_s'] * 1e3:9.1f} ms "
+            f"({row['p20_s'] * 1e3:.0f}-{row['p80_s'] * 1e3:.0f}) | x{row['speedup']:5.2f} | {memory} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    print("| dev  | provider          | B     | median (p20-p80)        | speed-up | memory of one step |")
+    rows = run_table(args.batches, args.threads)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+// Argument checks and input preparation shared by the CPU and CUDA entry points (host code).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+
+#include "common/pnn_rows.h"
+
+namespace pnn_fast {
+
+// The dtype kernels accumulate in (float for half/bfloat16): also the dtype of the thresholds.
+inline at::ScalarType opmath_dtype(at::ScalarType dtype) {
+  return dtype == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+inline void check_same_device(const char* op, const at::Tensor& ref, const char* ref_name, const at::Tensor& x,
+                              const char* name) {
+  TORCH_CHECK(x.device() == ref.device(), op, ": ", name, " is on ", x.device(), " but ", ref_name, " is on ",
+              ref.device(), "; put all inputs on one device");
+}
+
+// x must be `dtype` with `sizes` (a -1 entry matches any size), on the device of ref (user_emb).
+inline void check_tensor(const char* op, const at::Tensor& ref, const at::Tensor& x, const char* name,
+                         at::ScalarType dtype, at::IntArrayRef sizes) {
+  check_same_device(op, ref, "user_emb", x, name);
+  TORCH_CHECK(x.scalar_type() == dtype, op, ": ", name, " must be ", dtype, ", got ", x.scalar_type());
+  bool ok = x.dim() == static_cast<int64_t>(sizes.size());
+  for (int64_t i = 0; ok && i < x.dim(); ++i) ok = sizes[i] < 0 || x.size(i) == sizes[i];
+  TORCH_CHECK(ok, op, ": ", name, " must have shape ", sizes, " (-1: any), got ", x.sizes());
+}
+
+// Contiguous, checked inputs of the per-row ops (the tensors keep the raw pointers alive).
+struct RowInputs {
+  at::Tensor user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices;
+  int64_t rows = 0;
+  int64_t num_candidates = 0;
+  int64_t dim = 0;
+  bool shared = true;
+};
+
+inline RowInputs prepare_row_inputs(const char* op, const at::Tensor& user_emb, const at::Tensor& item_table,
+                                    const at::Tensor& users, const at::Tensor& pos_items,
+                                    const at::Tensor& candidates, const at::Tensor& known_indptr,
+                                    const at::Tensor& known_indices) {
+  TORCH_CHECK(user_emb.dim() == 2 && at::isFloatingType(user_emb.scalar_type()), op,
+              ": user_emb must be a floating-point [B, d] tensor, got ", user_emb.scalar_type(), " ",
+              user_emb.sizes());
+  const int64_t rows = user_emb.size(0);
+  const int64_t dim = user_emb.size(1);
+  check_tensor(op, user_emb, item_table, "item_table", user_emb.scalar_type(), {-1, dim});
+  check_tensor(op, user_emb, users, "users", at::kLong, {rows});
+  check_tensor(op, user_emb, pos_items, "pos_items", at::kLong, {rows});
+  TORCH_CHECK(candidates.dim() == 1 || candidates.dim() == 2, op,
+              ": candidates must be [C] (shared) or [B, C] (per row), got ", candidates.sizes());
+  if (candidates.dim() == 2) {
+    check_tensor(op, user_emb, candidates, "candidates", at::kLong, {rows, -1});
+  } else {
+    check_tensor(op, user_emb, candidates, "candidates", at::kLong, {-1});
+  }
+  check_tensor(op, user_emb, known_indptr, "known_indptr", at::kLong, {-1});
+  check_tensor(op, user_emb, known_indices, "known_indices", at::kLong, {-1});
+  RowInputs in;
+  in.user_emb = user_emb.contiguous();
+  in.item_table = item_table.contiguous();
+  in.users = users.contiguous();
+  in.pos_items = pos_items.contiguous();
+  in.candidates = candidates.contiguous();
+  in.known_indptr = known_indptr.contiguous();
+  in.known_indices = known_indices.contiguous();
+  in.rows = rows;
+  in.dim = dim;
+  in.shared = candidates.dim() == 1;
+  in.num_candidates = candidates.size(candidates.dim() - 1);
+  return in;
+}
+
+// Id ranges (users < num_users, items < num_items).  One reduction per tensor, so the CPU entry
+// points call it; the CUDA kernels assert in-kernel instead of synchronising with the host.
+inline void check_id_ranges(const char* op, const RowInputs& in) {
+  const int64_t num_users = in.known_indptr.numel() - 1;
+  const int64_t num_items = in.item_table.size(0);
+  const std::pair<const at::Tensor*, const char*> ids[] = {
+      {&in.users, "users"}, {&in.pos_items, "pos_items"}, {&in.candidates, "candidates"}};
+  for (const auto& [ids_tensor, name] : ids) {
+    if (ids_tensor->numel() == 0) continue;
+    const int64_t bound = ids_tensor == &in.users ? num_users : num_items;
+    const auto [lo, hi] = at::aminmax(*ids_tensor);
+    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < bound, op, ": ", name, " has ids outside [0, ", bound,
+                ")");
+  }
+}
+
+template <typename scalar_t>
+RowBatch<scalar_t> row_batch(const RowInputs& in) {
+  return RowBatch<scalar_t>{in.user_emb.data_ptr<scalar_t>(),
+                            in.item_table.data_ptr<scalar_t>(),
+                            in.users.data_ptr<int64_t>(),
+                            in.pos_items.data_ptr<int64_t>(),
+                            in.candidates.data_ptr<int64_t>(),
+                            in.known_indptr.data_ptr<int64_t>(),
+                            in.known_indices.data_ptr<int64_t>(),
+                            in.rows,
+                            in.num_candidates,
+                            in.dim,
+                            in.shared ? 0 : in.num_candidates,
+                            in.known_indptr.numel() - 1,
+                            in.item_table.size(0)};
+}
+
+// Per-row state tensors ([B] thresholds, cutoffs, sizes, counts) checked and made contiguous.
+inline at::Tensor row_state(const char* op, const RowInputs& in, const at::Tensor& x, const char* name,
+                            at::ScalarType dtype) {
+  check_tensor(op, in.user_emb, x, name, dtype, {in.rows});
+  return x.contiguous();
+}
+
+// [B, d] gradients of a per-row output, in user_emb's dtype.
+inline at::Tensor row_grad(const char* op, const RowInputs& in, const at::Tensor& x, const char* name) {
+  check_tensor(op, in.user_emb, x, name, in.user_emb.scalar_type(), {in.rows, in.dim});
+  return x.contiguous();
+}
+
+// grad[b] / max(count[b], 1) in the accumulation dtype ([B, d]): the gradient each member of a
+// class receives from its centroid (the mean over count members).
+inline at::Tensor per_member_grad(const char* op, const RowInputs& in, const at::Tensor& grad, const char* grad_name,
+                                  const at::Tensor& count, const char* count_name) {
+  const at::ScalarType acc_dtype = opmath_dtype(in.user_emb.scalar_type());
+  const at::Tensor members = row_state(op, in, count, count_name, at::kLong).clamp_min(1).unsqueeze(1);
+  return (row_grad(op, in, grad, grad_name).to(acc_dtype) / members.to(acc_dtype)).contiguous();
+}
+
+}  // namespace pnn_fast

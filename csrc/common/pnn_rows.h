@@ -1,0 +1,337 @@
+// Per-row math of the PNN kernels, shared by the CPU (.cpp) and CUDA (.cu) sources.
+//
+// Everything that decides a result lives here as inline __host__ __device__ code: the score of
+// a candidate, the known-positive lookup, the total order used for argmax and bottom-k, the
+// radix-select steps, class membership and the log-sum-exp merge.  The CPU kernels call the
+// same functions, so the CPU test suite covers the logic the CUDA kernels run; only the thread
+// mapping differs between the backends.
+//
+// Determinism contract: a score is always the chain of `sequential_sum` below, one fixed order
+// of operations, so (i) two candidates that are the same item get bit-identical scores and (ii)
+// a backward pass that recomputes scores recovers exactly the class membership of the forward.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifdef __CUDACC__
+#define PNN_HD __host__ __device__
+#else
+#define PNN_HD
+#endif
+
+namespace pnn_fast {
+
+// ---------------------------------------------------------------------------------------------
+// Arithmetic
+
+// a * b + c.  On the device an explicit fma; on the host the CPU sources are compiled with
+// -ffp-contract=off, so the compiler never fuses it in one place and not in another (T may
+// be a host SIMD vector type).
+template <typename T>
+PNN_HD inline T madd(T a, T b, T c) {
+#ifdef __CUDA_ARCH__
+  return fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+template <typename acc_t>
+PNN_HD inline acc_t exp_(acc_t x) {
+#ifdef __CUDA_ARCH__
+  return exp(x);
+#else
+  return std::exp(x);
+#endif
+}
+
+template <typename acc_t>
+PNN_HD inline acc_t log_(acc_t x) {
+#ifdef __CUDA_ARCH__
+  return log(x);
+#else
+  return std::log(x);
+#endif
+}
+
+template <typename acc_t>
+PNN_HD inline acc_t neg_infinity() {
+  return -static_cast<acc_t>(INFINITY);
+}
+
+// A score or a distance is one sequential chain over k = 0..d-1 (acc = term(a_k, b_k, acc)).
+// A CUDA thread runs the chain as written; the CPU kernels run the same chain for 32
+// candidates at once, one per SIMD lane (cpu/simd.h), so every candidate gets the same bits
+// whichever kernel, tile or lane computes it.  The terms are generic so that the CPU can apply
+// them to vector types.
+struct DotTerm {
+  template <typename T>
+  PNN_HD T operator()(T x, T y, T acc) const { return madd(x, y, acc); }
+};
+
+struct SquaredDiffTerm {
+  template <typename T>
+  PNN_HD T operator()(T x, T y, T acc) const {
+    const T diff = x - y;
+    return madd(diff, diff, acc);
+  }
+};
+
+template <typename acc_t, typename scalar_t, typename Term>
+PNN_HD inline acc_t sequential_sum(const scalar_t* a, const scalar_t* b, int64_t d, Term term) {
+  acc_t acc = acc_t(0);
+  for (int64_t k = 0; k < d; ++k) acc = term(acc_t(a[k]), acc_t(b[k]), acc);
+  return acc;
+}
+
+// <a, b> over d entries, accumulated in acc_t.
+template <typename acc_t, typename scalar_t>
+PNN_HD inline acc_t dot(const scalar_t* a, const scalar_t* b, int64_t d) {
+  return sequential_sum<acc_t>(a, b, d, DotTerm{});
+}
+
+// ||a - b||^2 from the differences (no |a|^2 + |b|^2 - 2ab cancellation at any scale).
+template <typename acc_t, typename scalar_t>
+PNN_HD inline acc_t squared_distance(const scalar_t* a, const scalar_t* b, int64_t d) {
+  return sequential_sum<acc_t>(a, b, d, SquaredDiffTerm{});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Known positives: user u's items are indices[indptr[u]:indptr[u+1]], strictly increasing.
+
+// Branch-free binary search (the select compiles to a conditional move / predicated op).
+PNN_HD inline bool sorted_contains(const int64_t* sorted, int64_t n, int64_t x) {
+  if (n <= 0) return false;
+  while (n > 1) {
+    const int64_t half = n >> 1;
+    sorted = (sorted[half] <= x) ? sorted + half : sorted;
+    n -= half;
+  }
+  return *sorted == x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Total order of scores.  Scores map to unsigned keys whose integer order is the order of
+// torch.sort: -0.0 equals +0.0 and every NaN is one value above +inf.  Key 0 is never produced
+// (it would be a negative NaN, and NaNs are canonicalised), so kExcludedKey marks candidates
+// that are not in the unlabeled set.
+
+template <typename acc_t>
+struct KeyOf;
+template <>
+struct KeyOf<float> {
+  using type = uint32_t;
+};
+template <>
+struct KeyOf<double> {
+  using type = uint64_t;
+};
+
+template <typename key_t>
+struct KeyBits {
+  static constexpr int value = 8 * static_cast<int>(sizeof(key_t));
+};
+
+constexpr uint32_t kExcludedKey = 0;
+
+// Branch-free (selects only), so that CPU loops over candidates vectorise and do not mispredict
+// on the sign of the score.
+PNN_HD inline uint32_t order_key(float s) {
+  uint32_t bits;
+#ifdef __CUDA_ARCH__
+  bits = __float_as_uint(s);
+#else
+  std::memcpy(&bits, &s, sizeof bits);
+#endif
+  bits = s == 0.0f ? 0u : bits;  // -0.0 -> +0.0
+  const uint32_t flip = static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u;
+  return s != s ? 0xFFFFFFFFu : bits ^ flip;  // negative: ~bits, positive: bits | sign
+}
+
+PNN_HD inline uint64_t order_key(double s) {
+  uint64_t bits;
+#ifdef __CUDA_ARCH__
+  bits = static_cast<uint64_t>(__double_as_longlong(s));
+#else
+  std::memcpy(&bits, &s, sizeof bits);
+#endif
+  bits = s == 0.0 ? 0ull : bits;
+  const uint64_t flip = static_cast<uint64_t>(static_cast<int64_t>(bits) >> 63) | 0x8000000000000000ull;
+  return s != s ? ~0ull : bits ^ flip;
+}
+
+// Inverse of order_key on its image.
+template <typename acc_t>
+PNN_HD inline acc_t key_to_score(typename KeyOf<acc_t>::type key) {
+  using key_t = typename KeyOf<acc_t>::type;
+  constexpr key_t sign = key_t(1) << (KeyBits<key_t>::value - 1);
+  const key_t bits = (key & sign) ? (key & ~sign) : ~key;
+  acc_t s;
+#ifdef __CUDA_ARCH__
+  if constexpr (sizeof(acc_t) == 4) {
+    s = __uint_as_float(static_cast<unsigned int>(bits));
+  } else {
+    s = __longlong_as_double(static_cast<long long>(bits));
+  }
+#else
+  std::memcpy(&s, &bits, sizeof s);
+#endif
+  return s;
+}
+
+// The hard negative is the largest key, the smallest j among equal keys; j < 0 means "none".
+template <typename key_t>
+PNN_HD inline bool hard_better(key_t key_a, int64_t j_a, key_t key_b, int64_t j_b) {
+  return j_a >= 0 && (j_b < 0 || key_a > key_b || (key_a == key_b && j_a < j_b));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bottom-k selection state.  The k lowest (key, j) pairs of a row's unlabeled candidates are
+// exactly those <= (threshold key, cutoff) in lexicographic order, so two numbers per row let
+// any later pass recompute the negative class.  cutoff < 0 encodes an empty class (k = 0).
+
+template <typename key_t>
+PNN_HD inline bool in_bottom_k(key_t key, int64_t j, key_t threshold_key, int64_t cutoff) {
+  return cutoff >= 0 && (key < threshold_key || (key == threshold_key && j <= cutoff));
+}
+
+enum RowClass : int8_t { kNotUnlabeled = 0, kNeutral = 1, kNegative = 2 };
+
+// Class of candidate j from its key (kExcludedKey outside U_b) and the row's bottom-k state.
+template <typename key_t>
+PNN_HD inline RowClass classify_key(key_t key, int64_t j, key_t threshold_key, int64_t cutoff) {
+  if (key == key_t(kExcludedKey)) return kNotUnlabeled;
+  return in_bottom_k(key, j, threshold_key, cutoff) ? kNegative : kNeutral;
+}
+
+// Radix select, most significant digit first: each pass histograms the digit at `shift` of the
+// keys that match the digits chosen so far, then picks the digit holding the rank-th key.
+constexpr int kRadixBits = 8;
+constexpr int kRadixSize = 1 << kRadixBits;
+
+template <typename key_t>
+PNN_HD inline int radix_digit(key_t key, int shift) {
+  return static_cast<int>((key >> shift) & key_t(kRadixSize - 1));
+}
+
+// Whether `key` agrees with `prefix` on every digit above `shift` (all keys do on the first pass).
+template <typename key_t>
+PNN_HD inline bool radix_prefix_matches(key_t key, key_t prefix, int shift) {
+  const int high = shift + kRadixBits;
+  return high >= KeyBits<key_t>::value || (key >> high) == (prefix >> high);
+}
+
+// Digit of the rank-th (1-based) key of the histogram; `rank` becomes its rank within that digit.
+template <typename count_t>
+PNN_HD inline int radix_pick(const count_t* histogram, int64_t& rank) {
+  int digit = 0;
+  while (digit < kRadixSize - 1 && rank > static_cast<int64_t>(histogram[digit])) {
+    rank -= static_cast<int64_t>(histogram[digit]);
+    ++digit;
+  }
+  return digit;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Log-sum-exp in the streaming form (max, sum of exp(x - max)); the empty set is (-inf, 0).
+
+template <typename acc_t>
+struct LogSumExp {
+  acc_t max;
+  acc_t sum;
+};
+
+template <typename acc_t>
+PNN_HD inline LogSumExp<acc_t> lse_empty() {
+  return {neg_infinity<acc_t>(), acc_t(0)};
+}
+
+template <typename acc_t>
+PNN_HD inline LogSumExp<acc_t> lse_merge(LogSumExp<acc_t> a, LogSumExp<acc_t> b) {
+  if (b.max == neg_infinity<acc_t>()) return a;  // exp(-inf) = 0, and -inf - (-inf) would be NaN
+  if (a.max == neg_infinity<acc_t>()) return b;
+  if (a.max < b.max) {
+    const LogSumExp<acc_t> tmp = a;
+    a = b;
+    b = tmp;
+  }
+  return {a.max, a.sum + b.sum * exp_(b.max - a.max)};
+}
+
+// Adds the term exp(x), x a logit.
+template <typename acc_t>
+PNN_HD inline void lse_add(LogSumExp<acc_t>& state, acc_t x) {
+  state = lse_merge(state, LogSumExp<acc_t>{x, acc_t(1)});
+}
+
+template <typename acc_t>
+PNN_HD inline acc_t lse_value(LogSumExp<acc_t> state) {
+  return state.max + log_(state.sum);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One call's inputs as raw pointers (all contiguous, ids int64) and the per-row view of them.
+
+template <typename scalar_t>
+struct RowBatch {
+  const scalar_t* user_emb;      // [B, d]
+  const scalar_t* item_table;    // [I, d]
+  const int64_t* users;          // [B]
+  const int64_t* pos_items;      // [B]
+  const int64_t* candidates;     // [C] shared by all rows, or [B, C]
+  const int64_t* known_indptr;   // [num_users + 1]
+  const int64_t* known_indices;  // [nnz]
+  int64_t num_rows;              // B
+  int64_t num_candidates;        // C
+  int64_t dim;                   // d
+  int64_t candidate_row_stride;  // 0 for shared candidates, C for per-row candidates
+  int64_t num_users;             // ids are trusted by the row view: callers check or assert them
+  int64_t num_items;
+};
+
+template <typename scalar_t, typename acc_t>
+struct Row {
+  using key_t = typename KeyOf<acc_t>::type;
+
+  const scalar_t* user;
+  const scalar_t* item_table;
+  const int64_t* candidates;
+  const int64_t* known;
+  int64_t num_known;
+  int64_t pos_item;
+  int64_t dim;
+
+  PNN_HD Row(const RowBatch<scalar_t>& batch, int64_t b)
+      : user(batch.user_emb + b * batch.dim),
+        item_table(batch.item_table),
+        candidates(batch.candidates + b * batch.candidate_row_stride),
+        known(batch.known_indices + batch.known_indptr[batch.users[b]]),
+        num_known(batch.known_indptr[batch.users[b] + 1] - batch.known_indptr[batch.users[b]]),
+        pos_item(batch.pos_items[b]),
+        dim(batch.dim) {}
+
+  PNN_HD int64_t item(int64_t j) const { return candidates[j]; }
+  PNN_HD const scalar_t* embedding(int64_t j) const { return item_table + item(j) * dim; }
+
+  // j is in U_b: neither the row's own positive nor a known positive of its user.
+  PNN_HD bool unlabeled(int64_t j) const {
+    const int64_t it = item(j);
+    return it != pos_item && !sorted_contains(known, num_known, it);
+  }
+
+  PNN_HD acc_t score(int64_t j) const { return dot<acc_t>(user, embedding(j), dim); }
+
+  // order_key of candidate j's score for members of U_b, kExcludedKey for the others.
+  PNN_HD key_t key(int64_t j, acc_t score) const {
+    return unlabeled(j) ? order_key(score) : key_t(kExcludedKey);
+  }
+
+  // Class of candidate j given its score and the row's bottom-k state (see in_bottom_k).
+  PNN_HD RowClass classify(int64_t j, acc_t score, key_t threshold_key, int64_t cutoff) const {
+    return classify_key(key(j, score), j, threshold_key, cutoff);
+  }
+};
+
+}  // namespace pnn_fast

@@ -1,0 +1,247 @@
+// pnn_fast::class_centroids_fwd / _bwd on CPU.
+//
+// Forward: per row, the scores and U_b flags (RowScan), the hard negative, the bottom-k
+// selection (BottomK) and the class sums.  Backward: the same scores and the saved (threshold,
+// cutoff) give back every candidate's class.  Nothing of size [B, C] is kept.
+//
+// With a shared candidate list most candidates of a row are in U_b, so the sums are taken by
+// difference: the larger class is the sum of all candidates minus the labeled ones minus the
+// smaller class, which costs O(labeled + smaller class) d-vectors per row instead of O(C).  Rows
+// whose labeled candidates outnumber U_b (and per-row lists) are summed directly.  The backward
+// mirrors it: the larger class's gradient goes to every candidate through one column sum.
+// Per-row lists are scattered back by tasks that each own a range of item ids (no atomics, an
+// order independent of the thread count).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "cpu/cpu_rows.h"
+
+namespace pnn_fast {
+namespace {
+
+constexpr const char* kFwd = "pnn_fast::class_centroids_fwd";
+constexpr const char* kBwd = "pnn_fast::class_centroids_bwd";
+
+// How one row's class sums are formed (see the file comment).
+struct RowPlan {
+  bool by_difference;  // larger class = all candidates - labeled - smaller class
+  RowClass smaller;    // the class summed directly when by_difference
+  RowClass larger;
+};
+
+RowPlan plan_row(bool shared, int64_t num_candidates, int64_t num_neutral, int64_t num_negative) {
+  const int64_t unlabeled = num_neutral + num_negative;
+  const RowClass smaller = num_negative <= num_neutral ? kNegative : kNeutral;
+  return {shared && num_candidates - unlabeled <= unlabeled, smaller, smaller == kNegative ? kNeutral : kNegative};
+}
+
+template <typename scalar_t, typename acc_t>
+void add_row(acc_t* dst, const scalar_t* v, int64_t d, acc_t sign) {
+  for (int64_t i = 0; i < d; ++i) dst[i] += sign * acc_t(v[i]);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+class_centroids_fwd_cpu(const at::Tensor& user_emb, const at::Tensor& item_table, const at::Tensor& users,
+                        const at::Tensor& pos_items, const at::Tensor& candidates, const at::Tensor& known_indptr,
+                        const at::Tensor& known_indices, const at::Tensor& k) {
+  const RowInputs in =
+      prepare_row_inputs(kFwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
+  check_id_ranges(kFwd, in);
+  const at::Tensor k_in = row_state(kFwd, in, k, "k", at::kLong);
+  const at::TensorOptions long_options = users.options().dtype(at::kLong);
+  at::Tensor neutral = at::empty({in.rows, in.dim}, user_emb.options());
+  at::Tensor negative = at::empty({in.rows, in.dim}, user_emb.options());
+  at::Tensor num_neutral = at::empty({in.rows}, long_options);
+  at::Tensor num_negative = at::empty({in.rows}, long_options);
+  at::Tensor threshold = at::empty({in.rows}, user_emb.options().dtype(opmath_dtype(user_emb.scalar_type())));
+  at::Tensor cutoff = at::empty({in.rows}, long_options);
+  at::Tensor hard = at::empty({in.rows}, long_options);
+  const int64_t d = in.dim, count = in.num_candidates;
+  const int64_t* k_ptr = k_in.data_ptr<int64_t>();
+  int64_t* cutoff_out = cutoff.data_ptr<int64_t>();
+  int64_t* hard_out = hard.data_ptr<int64_t>();
+  int64_t* count_out[3] = {nullptr, num_neutral.data_ptr<int64_t>(), num_negative.data_ptr<int64_t>()};
+  PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), kFwd, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
+    const CandidateSet<scalar_t, acc_t> set(batch);
+    acc_t* threshold_out = threshold.data_ptr<acc_t>();
+    scalar_t* mean_out[3] = {nullptr, neutral.data_ptr<scalar_t>(), negative.data_ptr<scalar_t>()};
+    at::parallel_for(0, in.rows, row_grain(count, d), [&](int64_t begin, int64_t end) {
+      RowScan<scalar_t, acc_t> scan(set);
+      BottomK<acc_t> bottom;
+      std::vector<acc_t> sums(3 * d);  // indexed by RowClass; slot kNotUnlabeled is unused
+      for (int64_t b = begin; b < end; ++b) {
+        const Row<scalar_t, acc_t> row(batch, b);
+        scan.load(row);
+        int64_t num_unlabeled = 0;
+        std::tie(hard_out[b], num_unlabeled) = scan.hard_negative();
+        bottom.select(scan.keys(), count, k_ptr[b], threshold_out[b], cutoff_out[b]);
+        const int64_t negatives = std::min(std::max<int64_t>(k_ptr[b], 0), num_unlabeled);
+        count_out[kNegative][b] = negatives;
+        count_out[kNeutral][b] = num_unlabeled - negatives;
+
+        const RowPlan plan = plan_row(in.shared, count, num_unlabeled - negatives, negatives);
+        std::fill(sums.begin(), sums.end(), acc_t(0));
+        acc_t* larger = sums.data() + plan.larger * d;
+        if (plan.by_difference) std::copy(set.total.begin(), set.total.end(), larger);
+        const auto threshold_key = order_key(threshold_out[b]);
+        for (int64_t j = 0; j < count; ++j) {
+          const RowClass cls = classify_key(scan.keys()[j], j, threshold_key, cutoff_out[b]);
+          const scalar_t* v = row.embedding(j);
+          if (!plan.by_difference) {
+            if (cls != kNotUnlabeled) add_row(sums.data() + cls * d, v, d, acc_t(1));
+          } else if (cls == kNotUnlabeled || cls == plan.smaller) {
+            add_row(larger, v, d, acc_t(-1));
+            if (cls == plan.smaller) add_row(sums.data() + cls * d, v, d, acc_t(1));
+          }
+        }
+        for (const RowClass cls : {kNeutral, kNegative}) {
+          const acc_t scale = acc_t(1) / acc_t(std::max<int64_t>(count_out[cls][b], 1));
+          for (int64_t i = 0; i < d; ++i) mean_out[cls][b * d + i] = static_cast<scalar_t>(sums[cls * d + i] * scale);
+        }
+      }
+    });
+  });
+  return {neutral, negative, num_neutral, num_negative, threshold, cutoff, hard};
+}
+
+// Item-id bounds of `parts` ranges holding about equally many candidate occurrences (quantiles of
+// a strided sample of the candidate ids): bounds[p] <= items of part p < bounds[p + 1].
+std::vector<int64_t> balanced_item_bounds(const RowInputs& in, int64_t parts) {
+  const int64_t total = in.candidates.numel();
+  const int64_t stride = std::max<int64_t>(1, total / (int64_t{1} << 16));
+  const int64_t* ids = in.candidates.data_ptr<int64_t>();
+  std::vector<int64_t> sample;
+  for (int64_t i = 0; i < total; i += stride) sample.push_back(ids[i]);
+  std::sort(sample.begin(), sample.end());
+  std::vector<int64_t> bounds(parts + 1, 0);
+  for (int64_t p = 1; p < parts; ++p) bounds[p] = sample.empty() ? 0 : sample[p * sample.size() / parts];
+  bounds[parts] = in.item_table.size(0);
+  return bounds;
+}
+
+at::Tensor class_centroids_bwd_cpu(const at::Tensor& grad_neutral, const at::Tensor& grad_negative,
+                                   const at::Tensor& user_emb, const at::Tensor& item_table, const at::Tensor& users,
+                                   const at::Tensor& pos_items, const at::Tensor& candidates,
+                                   const at::Tensor& known_indptr, const at::Tensor& known_indices,
+                                   const at::Tensor& threshold, const at::Tensor& cutoff,
+                                   const at::Tensor& num_neutral, const at::Tensor& num_negative) {
+  const RowInputs in =
+      prepare_row_inputs(kBwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
+  check_id_ranges(kBwd, in);
+  const at::ScalarType acc_dtype = opmath_dtype(user_emb.scalar_type());
+  const at::TensorOptions acc_options = user_emb.options().dtype(acc_dtype);
+  const at::Tensor threshold_in = row_state(kBwd, in, threshold, "threshold", acc_dtype);
+  const at::Tensor cutoff_in = row_state(kBwd, in, cutoff, "cutoff", at::kLong);
+  const at::Tensor counts[3] = {at::Tensor(), row_state(kBwd, in, num_neutral, "num_neutral", at::kLong),
+                                row_state(kBwd, in, num_negative, "num_negative", at::kLong)};
+  const at::Tensor member_grad[3] = {
+      at::Tensor(), per_member_grad(kBwd, in, grad_neutral, "grad_neutral", num_neutral, "num_neutral"),
+      per_member_grad(kBwd, in, grad_negative, "grad_negative", num_negative, "num_negative")};
+  at::Tensor grad_table = at::zeros(in.item_table.sizes(), acc_options);
+  const int64_t d = in.dim, count = in.num_candidates;
+  const int64_t threads = at::get_num_threads();
+  // shared list: per thread, the gradient of each candidate slot [C, d] and the column sum [d]
+  // every slot receives; per-row lists: each task owns a range of item ids
+  at::Tensor slot_grads = in.shared ? at::zeros({threads, count + 1, d}, acc_options) : at::Tensor();
+  const std::vector<int64_t> bounds = in.shared ? std::vector<int64_t>() : balanced_item_bounds(in, threads);
+  PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), kBwd, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
+    const acc_t* threshold_ptr = threshold_in.data_ptr<acc_t>();
+    const int64_t* cutoff_ptr = cutoff_in.data_ptr<int64_t>();
+    const int64_t* count_ptr[3] = {nullptr, counts[kNeutral].data_ptr<int64_t>(),
+                                   counts[kNegative].data_ptr<int64_t>()};
+    const acc_t* grad_ptr[3] = {nullptr, member_grad[kNeutral].data_ptr<acc_t>(),
+                                member_grad[kNegative].data_ptr<acc_t>()};
+    if (in.shared) {
+      const CandidateSet<scalar_t, acc_t> set(batch);
+      at::parallel_for(0, in.rows, row_grain(count, d), [&](int64_t begin, int64_t end) {
+        RowScan<scalar_t, acc_t> scan(set);
+        acc_t* slots = slot_grads[at::get_thread_num()].data_ptr<acc_t>();
+        acc_t* column = slots + count * d;
+        std::vector<acc_t> delta(d);
+        for (int64_t b = begin; b < end; ++b) {
+          scan.load(Row<scalar_t, acc_t>(batch, b));
+          const auto threshold_key = order_key(threshold_ptr[b]);
+          const RowPlan plan = plan_row(true, count, count_ptr[kNeutral][b], count_ptr[kNegative][b]);
+          const acc_t* larger = grad_ptr[plan.larger] + b * d;
+          const acc_t* smaller = grad_ptr[plan.smaller] + b * d;
+          if (plan.by_difference) {
+            for (int64_t i = 0; i < d; ++i) {
+              column[i] += larger[i];
+              delta[i] = smaller[i] - larger[i];
+            }
+          }
+          for (int64_t j = 0; j < count; ++j) {
+            const RowClass cls = classify_key(scan.keys()[j], j, threshold_key, cutoff_ptr[b]);
+            acc_t* slot = slots + j * d;
+            if (!plan.by_difference) {
+              if (cls == kNotUnlabeled) continue;
+              const acc_t* g = grad_ptr[cls] + b * d;
+              for (int64_t i = 0; i < d; ++i) slot[i] += g[i];
+            } else if (cls == kNotUnlabeled) {
+              for (int64_t i = 0; i < d; ++i) slot[i] -= larger[i];
+            } else if (cls == plan.smaller) {
+              for (int64_t i = 0; i < d; ++i) slot[i] += delta[i];
+            }
+          }
+        }
+      });
+      return;
+    }
+    acc_t* grad_out = grad_table.data_ptr<acc_t>();
+    at::parallel_for(0, threads, 1, [&](int64_t part_begin, int64_t part_end) {
+      std::vector<int64_t> owned;  // the candidates j of a row that this task owns, and their items
+      std::vector<int64_t> owned_items;
+      TiledVectors<acc_t> tiles;
+      std::vector<acc_t> user, scores;
+      for (int64_t part = part_begin; part < part_end; ++part) {
+        for (int64_t b = 0; b < in.rows; ++b) {
+          const Row<scalar_t, acc_t> row(batch, b);
+          owned.clear();
+          owned_items.clear();
+          for (int64_t j = 0; j < count; ++j) {
+            if (bounds[part] <= row.item(j) && row.item(j) < bounds[part + 1]) {
+              owned.push_back(j);
+              owned_items.push_back(row.item(j));
+            }
+          }
+          if (owned.empty()) continue;
+          tiles.load(batch.item_table, owned_items.data(), static_cast<int64_t>(owned.size()), d);
+          to_acc(row.user, d, user);
+          scores.resize(tiles.padded_count());
+          tiles.lane_sums(user.data(), DotTerm{}, scores.data());
+          const auto threshold_key = order_key(threshold_ptr[b]);
+          for (size_t i = 0; i < owned.size(); ++i) {
+            const RowClass cls = row.classify(owned[i], scores[i], threshold_key, cutoff_ptr[b]);
+            if (cls == kNotUnlabeled) continue;
+            const acc_t* g = grad_ptr[cls] + b * d;
+            acc_t* dst = grad_out + owned_items[i] * d;
+            for (int64_t k = 0; k < d; ++k) dst[k] += g[k];
+          }
+        }
+      }
+    });
+  });
+  if (in.shared) {
+    const at::Tensor summed = slot_grads.sum(0);  // [C + 1, d]: the slots, then the column sum
+    grad_table.index_add_(0, in.candidates, summed.narrow(0, 0, count) + summed.narrow(0, count, 1));
+  }
+  return grad_table.to(item_table.scalar_type());
+}
+
+}  // namespace
+}  // namespace pnn_fast
+
+TORCH_LIBRARY_IMPL(pnn_fast, CPU, m) {
+  m.impl("class_centroids_fwd", &pnn_fast::class_centroids_fwd_cpu);
+  m.impl("class_centroids_bwd", &pnn_fast::class_centroids_bwd_cpu);
+}

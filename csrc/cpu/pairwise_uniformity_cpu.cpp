@@ -1,0 +1,119 @@
+// pnn_fast::pairwise_uniformity_fwd / _bwd on CPU.  Rows are processed in blocks of
+// kBlockRows: the block's squared distances to all points come from the SIMD tiles (the
+// difference form, exact at any scale), the exponentials and log-sum-exps from ATen's
+// vectorised kernels and the backward's weighted sums from a GEMM.  Extra memory: the points
+// tiled once (n d) and a [kBlockRows, n] block per task; no [n, n] buffer.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "common/uniformity.h"
+#include "cpu/cpu_rows.h"
+
+namespace pnn_fast {
+namespace {
+
+constexpr int64_t kBlockRows = 32;
+
+// Squared distances of points [i0, i0 + rows) to the points j >= first (earlier columns are
+// left unspecified): row r of `dist`, a [kBlockRows, padded n] acc_t tensor.
+template <typename scalar_t, typename acc_t>
+void block_distances(const TiledVectors<acc_t>& tiles, const scalar_t* points, int64_t d, int64_t i0, int64_t rows,
+                     int64_t first, at::Tensor& dist, std::vector<acc_t>& xi) {
+  acc_t* out = dist.data_ptr<acc_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    to_acc(points + (i0 + r) * d, d, xi);
+    tiles.lane_sums(xi.data(), SquaredDiffTerm{}, out + r * dist.size(1), first);
+  }
+}
+
+at::Tensor pairwise_uniformity_fwd_cpu(const at::Tensor& x, double t) {
+  const at::Tensor points = prepare_points(kUniformityFwd, x, t);
+  const int64_t n = points.size(0), d = points.size(1);
+  if (n < 2) return at::zeros({}, x.options());
+  const at::ScalarType acc_dtype = opmath_dtype(x.scalar_type());
+  // Row i's log-sum-exp over the pairs (i, j > i): every unordered pair once, the loss counts
+  // it twice.  Task p takes blocks p and nb-1-p, whose pair counts add up to about the same.
+  at::Tensor row_lse = at::empty({n}, x.options().dtype(acc_dtype));
+  const int64_t blocks = (n + kBlockRows - 1) / kBlockRows;
+  PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityFwd, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* p = points.data_ptr<scalar_t>();
+    TiledVectors<acc_t> tiles;
+    tiles.load(p, nullptr, n, d);
+    const acc_t neg_t = static_cast<acc_t>(-t);
+    at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+      at::Tensor logits = at::empty({kBlockRows, tiles.padded_count()}, x.options().dtype(acc_dtype));
+      std::vector<acc_t> xi;
+      const auto block_lse = [&](int64_t block) {
+        const int64_t i0 = block * kBlockRows, rows = std::min(kBlockRows, n - i0);
+        block_distances(tiles, p, d, i0, rows, i0 + 1, logits, xi);
+        acc_t* l = logits.data_ptr<acc_t>();
+        for (int64_t r = 0; r < rows; ++r) {
+          acc_t* row = l + r * logits.size(1);
+          std::fill(row, row + i0 + r + 1, neg_infinity<acc_t>());  // the pairs j <= i
+          for (int64_t j = i0 + r + 1; j < n; ++j) row[j] *= neg_t;
+        }
+        row_lse.narrow(0, i0, rows).copy_(at::logsumexp(logits.narrow(0, 0, rows).narrow(1, 0, n), {1}));
+      };
+      for (int64_t task = begin; task < end; ++task) {
+        block_lse(task);
+        if (blocks - 1 - task != task) block_lse(blocks - 1 - task);
+      }
+    });
+  });
+  // merge the rows in float64, by the same log-sum-exp step as the CUDA block reduction
+  const at::Tensor rows = row_lse.to(at::kDouble).contiguous();
+  LogSumExp<double> total = lse_empty<double>();
+  for (int64_t i = 0; i < n; ++i) lse_add(total, rows.data_ptr<double>()[i]);
+  return uniformity_from_total(at::scalar_tensor(lse_value(total), rows.options()), 2.0, points);
+}
+
+at::Tensor pairwise_uniformity_bwd_cpu(const at::Tensor& grad, const at::Tensor& x, double t,
+                                       const at::Tensor& output) {
+  const at::Tensor points = prepare_points(kUniformityBwd, x, t);
+  TORCH_CHECK(grad.numel() == 1 && output.numel() == 1, kUniformityBwd, ": grad and output must be scalars");
+  const int64_t n = points.size(0), d = points.size(1);
+  if (n < 2) return at::zeros_like(x);
+  // d loss / d x_i = -4 t sum_{j != i} w_ij (x_i - x_j), w_ij = exp(l_ij - L): l_ij appears
+  // in the ordered pairs (i, j) and (j, i), and d ||x_i - x_j||^2 / d x_i = 2 (x_i - x_j).
+  // Per block: grad_i = scale (x_i sum_j w_ij - (W X)_i).
+  const double total_lse = output.item<double>() + log_num_pairs(n);
+  const double scale = grad.item<double>() * -4.0 * t;
+  const at::ScalarType acc_dtype = opmath_dtype(x.scalar_type());
+  const at::Tensor x_acc = points.to(acc_dtype).contiguous();
+  at::Tensor grad_x = at::empty({n, d}, x_acc.options());
+  PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityBwd, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* p = points.data_ptr<scalar_t>();
+    TiledVectors<acc_t> tiles;
+    tiles.load(p, nullptr, n, d);
+    at::parallel_for(0, (n + kBlockRows - 1) / kBlockRows, 1, [&](int64_t begin, int64_t end) {
+      at::Tensor weights = at::empty({kBlockRows, tiles.padded_count()}, x_acc.options());
+      std::vector<acc_t> xi;
+      for (int64_t block = begin; block < end; ++block) {
+        const int64_t i0 = block * kBlockRows, rows = std::min(kBlockRows, n - i0);
+        block_distances(tiles, p, d, i0, rows, 0, weights, xi);
+        at::Tensor w = weights.narrow(0, 0, rows).narrow(1, 0, n);
+        w.mul_(-t).sub_(total_lse).exp_();
+        w.narrow(1, i0, rows).fill_diagonal_(0);
+        const at::Tensor x_block = x_acc.narrow(0, i0, rows);
+        grad_x.narrow(0, i0, rows).copy_((x_block * w.sum(1, true) - at::mm(w, x_acc)).mul_(scale));
+      }
+    });
+  });
+  return grad_x.to(x.scalar_type());
+}
+
+}  // namespace
+}  // namespace pnn_fast
+
+TORCH_LIBRARY_IMPL(pnn_fast, CPU, m) {
+  m.impl("pairwise_uniformity_fwd", &pnn_fast::pairwise_uniformity_fwd_cpu);
+  m.impl("pairwise_uniformity_bwd", &pnn_fast::pairwise_uniformity_bwd_cpu);
+}

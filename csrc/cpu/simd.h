@@ -1,0 +1,119 @@
+// SIMD evaluation of the score / distance chains of pnn_rows.h for many vectors at once.
+//
+// Vectors are stored transposed in tiles of kTile, so one SIMD register holds element k of
+// several vectors and each lane runs exactly the scalar chain acc = term(a_k, v_k, acc): the
+// result does not depend on the lane, the tile or the instruction set (mul and add are never
+// fused, see -ffp-contract=off in setup.py), only the speed does.  x86-64 builds pick AVX2 at
+// run time when the CPU has it; everything else uses 16-byte vectors (SSE2 / NEON).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "common/pnn_rows.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PNN_SIMD_VECTORS 1
+#if defined(__x86_64__) || defined(__i386__)
+#define PNN_SIMD_AVX2_DISPATCH 1
+#endif
+#endif
+
+namespace pnn_fast {
+
+// Vectors per tile (lanes evaluated together): 8 independent SSE or 4 AVX2 accumulators.
+constexpr int64_t kTile = 32;
+
+#ifdef PNN_SIMD_VECTORS
+#define PNN_ALWAYS_INLINE __attribute__((always_inline)) inline
+#else
+#define PNN_ALWAYS_INLINE inline
+#endif
+
+// out[j] for the tiles [tile_begin, tile_end) of `tiles` (d x kTile values per tile), with
+// kBytes-wide vectors (kBytes = sizeof(acc_t): scalar code).
+template <int kBytes, typename acc_t, typename Term>
+PNN_ALWAYS_INLINE void tile_chains(const acc_t* a, const acc_t* tiles, int64_t d, int64_t tile_begin,
+                                   int64_t tile_end, Term term, acc_t* out) {
+#ifdef PNN_SIMD_VECTORS
+  typedef acc_t vec __attribute__((vector_size(kBytes)));
+#else
+  static_assert(kBytes == sizeof(acc_t), "scalar build");
+  using vec = acc_t;
+#endif
+  constexpr int64_t width = kBytes / static_cast<int64_t>(sizeof(acc_t));
+  constexpr int64_t nvec = kTile / width;
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const acc_t* t = tiles + tile * d * kTile;
+    vec acc[nvec] = {};
+    for (int64_t k = 0; k < d; ++k) {
+      vec ak = {};
+      ak += a[k];  // broadcast
+      for (int64_t q = 0; q < nvec; ++q) {
+        vec x;
+        std::memcpy(&x, t + k * kTile + q * width, sizeof x);
+        acc[q] = term(ak, x, acc[q]);
+      }
+    }
+    std::memcpy(out + tile * kTile, acc, sizeof acc);
+  }
+}
+
+#ifdef PNN_SIMD_AVX2_DISPATCH
+template <typename acc_t, typename Term>
+__attribute__((target("avx2"))) void tile_chains_avx2(const acc_t* a, const acc_t* tiles, int64_t d,
+                                                      int64_t tile_begin, int64_t tile_end, Term term, acc_t* out) {
+  tile_chains<32>(a, tiles, d, tile_begin, tile_end, term, out);
+}
+#endif
+
+template <typename acc_t, typename Term>
+void tile_chains_dispatch(const acc_t* a, const acc_t* tiles, int64_t d, int64_t tile_begin, int64_t tile_end,
+                          Term term, acc_t* out) {
+#ifdef PNN_SIMD_AVX2_DISPATCH
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  if (has_avx2) return tile_chains_avx2(a, tiles, d, tile_begin, tile_end, term, out);
+#endif
+#ifdef PNN_SIMD_VECTORS
+  tile_chains<16>(a, tiles, d, tile_begin, tile_end, term, out);
+#else
+  tile_chains<sizeof(acc_t)>(a, tiles, d, tile_begin, tile_end, term, out);
+#endif
+}
+
+// A set of vectors of length d in acc_t, transposed in tiles of kTile: element k of vector j
+// is at ((j / kTile) * d + k) * kTile + j % kTile; the padding of the last tile is zero.
+template <typename acc_t>
+class TiledVectors {
+ public:
+  // Vector j := table[ids[j]] (or table[j] when ids is null), for j < count; table is [*, d].
+  template <typename scalar_t>
+  void load(const scalar_t* table, const int64_t* ids, int64_t count, int64_t d) {
+    dim_ = d;
+    tiles_ = (count + kTile - 1) / kTile;
+    data_.assign(tiles_ * d * kTile, acc_t(0));
+    for (int64_t j = 0; j < count; ++j) {
+      const scalar_t* v = table + (ids != nullptr ? ids[j] : j) * d;
+      acc_t* dst = data_.data() + (j / kTile) * d * kTile + j % kTile;
+      for (int64_t k = 0; k < d; ++k) dst[k * kTile] = acc_t(v[k]);
+    }
+  }
+
+  // Entries of the `out` buffer of lane_sums.
+  int64_t padded_count() const { return tiles_ * kTile; }
+
+  // out[j] = the chain acc = term(a[k], v_j[k], acc), k = 0..d-1, from acc = 0 (the chain of
+  // pnn_fast::sequential_sum), for every vector of the tiles from the one holding `first` on.
+  template <typename Term>
+  void lane_sums(const acc_t* a, Term term, acc_t* out, int64_t first = 0) const {
+    tile_chains_dispatch(a, data_.data(), dim_, first / kTile, tiles_, term, out);
+  }
+
+ private:
+  std::vector<acc_t> data_;
+  int64_t dim_ = 0;
+  int64_t tiles_ = 0;
+};
+
+}  // namespace pnn_fast

@@ -1,0 +1,206 @@
+// CUDA thread mapping of the per-row kernels: one block of kThreads threads per row.  The math is
+// pnn_rows.h (shared with the CPU kernels); this file only distributes it over threads.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/macros/Macros.h>
+#include <cuda_runtime.h>
+
+#include "common/pnn_rows.h"
+
+namespace pnn_fast {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// Shared-memory bytes a block may use on the current device (the opt-in maximum).
+inline int64_t max_shared_memory_per_block() {
+  int device = 0, bytes = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
+// Sum over the block (every thread gets the result); `scratch` holds kWarps values.
+template <typename T>
+__device__ T block_sum(T value, T* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < kWarps; ++w) total += scratch[w];
+  return total;
+}
+
+// Exclusive prefix count of `flag` over the block in thread order, and the block's total.
+__device__ inline int block_exclusive_count(bool flag, int* scratch, int& total) {
+  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = __popc(ballot);
+  __syncthreads();
+  int before = __popc(ballot & ((1u << lane) - 1u));
+  total = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += scratch[w];
+    total += scratch[w];
+  }
+  return before;
+}
+
+// Keys (pnn_rows.h order_key, kExcludedKey outside U_b) of one row's candidates.  kCached
+// keeps them in dynamic shared memory (filled once); otherwise every read rescores the
+// candidate: the slower path for rows longer than the shared-memory plan.
+template <typename scalar_t, typename acc_t, bool kCached>
+struct RowKeys {
+  using key_t = typename KeyOf<acc_t>::type;
+  const Row<scalar_t, acc_t>& row;
+  key_t* cache;
+  int64_t count;
+  int64_t num_items;
+
+  __device__ key_t compute(int64_t j) const {
+    CUDA_KERNEL_ASSERT(row.item(j) >= 0 && row.item(j) < num_items);
+    return row.key(j, row.score(j));
+  }
+
+  // Fills the cache (call from every thread of the block before reading).
+  __device__ void prepare() const {
+    if constexpr (kCached) {
+      for (int64_t j = threadIdx.x; j < count; j += blockDim.x) cache[j] = compute(j);
+      __syncthreads();
+    }
+  }
+
+  __device__ key_t operator()(int64_t j) const {
+    if constexpr (kCached) {
+      return cache[j];
+    } else {
+      return compute(j);
+    }
+  }
+};
+
+// Block state of a hard-negative search.
+template <typename key_t>
+struct HardShared {
+  key_t keys[kThreads];
+  int64_t index[kThreads];
+  int64_t counts[kThreads];
+};
+
+// (argmax_{j in U_b} key with the smallest j on ties or -1, |U_b|) of one row, over the block;
+// every thread returns the same values.
+template <typename Keys, typename key_t>
+__device__ void block_hard_negative(const Keys& keys, int64_t count, HardShared<key_t>& sh, int64_t& hard,
+                                    int64_t& num_unlabeled) {
+  key_t best_key = 0;
+  int64_t best = -1, mine = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const key_t key = keys(j);
+    if (key == key_t(kExcludedKey)) continue;
+    ++mine;
+    if (hard_better(key, j, best_key, best)) {
+      best_key = key;
+      best = j;
+    }
+  }
+  sh.keys[threadIdx.x] = best_key;
+  sh.index[threadIdx.x] = best;
+  sh.counts[threadIdx.x] = mine;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const int other = threadIdx.x + stride;
+      if (hard_better(sh.keys[other], sh.index[other], sh.keys[threadIdx.x], sh.index[threadIdx.x])) {
+        sh.keys[threadIdx.x] = sh.keys[other];
+        sh.index[threadIdx.x] = sh.index[other];
+      }
+      sh.counts[threadIdx.x] += sh.counts[other];
+    }
+    __syncthreads();
+  }
+  hard = sh.index[0];
+  num_unlabeled = sh.counts[0];
+  __syncthreads();  // sh may be reused right after
+}
+
+// Block state of a bottom-k selection.
+template <typename key_t>
+struct SelectShared {
+  unsigned int histogram[kRadixSize];
+  int64_t scratch[kWarps];
+  int counts[kWarps];
+  key_t prefix;
+  int64_t rank;
+  int64_t cutoff;
+};
+
+// The row's bottom-k state (pnn_rows.h, in_bottom_k) for k clamped to [0, |U_b|], by radix
+// select over the block; returns |U_b|.  Every thread returns the same values.
+template <typename Keys, typename key_t>
+__device__ int64_t block_bottom_k(const Keys& keys, int64_t count, int64_t k, SelectShared<key_t>& sh,
+                                  key_t& threshold_key, int64_t& cutoff) {
+  int64_t mine = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) mine += keys(j) != key_t(kExcludedKey);
+  const int64_t num_unlabeled = block_sum(mine, sh.scratch);
+  int64_t rank = k < 0 ? 0 : (k > num_unlabeled ? num_unlabeled : k);
+  threshold_key = 0;
+  cutoff = -1;
+  if (rank == 0) return num_unlabeled;
+
+  key_t prefix = 0;
+  for (int shift = KeyBits<key_t>::value - kRadixBits; shift >= 0; shift -= kRadixBits) {
+    for (int i = threadIdx.x; i < kRadixSize; i += blockDim.x) sh.histogram[i] = 0;
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+      const key_t key = keys(j);
+      if (key != key_t(kExcludedKey) && radix_prefix_matches(key, prefix, shift)) {
+        atomicAdd(&sh.histogram[radix_digit(key, shift)], 1u);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      sh.prefix = prefix | (static_cast<key_t>(radix_pick(sh.histogram, rank)) << shift);
+      sh.rank = rank;
+    }
+    __syncthreads();
+    prefix = sh.prefix;
+    rank = sh.rank;
+  }
+  // the rank-th candidate (in j order) among those whose key equals the threshold
+  if (threadIdx.x == 0) sh.cutoff = -1;
+  int64_t seen = 0;
+  for (int64_t base = 0; base < count; base += blockDim.x) {
+    const int64_t j = base + threadIdx.x;
+    const bool equal = j < count && keys(j) == prefix;
+    int total = 0;
+    const int before = block_exclusive_count(equal, sh.counts, total);
+    if (equal && seen + before + 1 == rank) sh.cutoff = j;
+    seen += total;
+    __syncthreads();
+    if (sh.cutoff >= 0) break;
+  }
+  threshold_key = prefix;
+  cutoff = sh.cutoff;
+  return num_unlabeled;
+}
+
+// Launches `kernel` with `shared_bytes` of dynamic shared memory, raising the per-kernel limit
+// above the default 48 KiB when needed.
+template <typename Kernel, typename... Args>
+void launch_rows(Kernel kernel, int64_t rows, int64_t shared_bytes, Args... args) {
+  if (rows == 0) return;
+  if (shared_bytes > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(shared_bytes)));
+  }
+  kernel<<<static_cast<unsigned int>(rows), kThreads, shared_bytes, c10::cuda::getCurrentCUDAStream()>>>(args...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace pnn_fast

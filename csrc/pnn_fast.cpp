@@ -1,0 +1,53 @@
+// The pnn_fast operator library: every schema, registered once.  The kernels are registered per
+// backend by csrc/cpu/*_cpu.cpp (TORCH_LIBRARY_IMPL CPU) and csrc/cuda/*_cuda.cu (CUDA); fake
+// (meta) implementations and autograd are registered from Python in pnn_fast/ops.py.
+//
+// Shapes: B rows, C candidates, d embedding size, I items, n points; ids are int64.  The
+// thresholds are in the accumulation dtype (float32 for float16/bfloat16/float32 inputs).
+#include <torch/library.h>
+
+#ifdef TORCH_EXTENSION_NAME
+// Built as the Python module pnn_fast._C (torch.utils.cpp_extension defines TORCH_EXTENSION_NAME):
+// an empty module whose import runs the registrations below.  Plain C API only, so the
+// extension can be built against the limited API (one abi3 wheel for every Python).
+#include <Python.h>
+
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+#endif
+
+TORCH_LIBRARY(pnn_fast, m) {
+  // (hard int64 [B]: argmax_j of the score over U_b, smallest j on ties, -1 if U_b is empty;
+  //  num_unlabeled int64 [B]: |U_b|)
+  m.def(
+      "hard_negative_argmax(Tensor user_emb, Tensor item_table, Tensor users, Tensor pos_items, "
+      "Tensor candidates, Tensor known_indptr, Tensor known_indices) -> (Tensor, Tensor)");
+  // num_unlabeled int64 [B]: |U_b|, without scoring (the embeddings only fix device and dtype)
+  m.def(
+      "count_unlabeled(Tensor user_emb, Tensor item_table, Tensor users, Tensor pos_items, Tensor candidates, "
+      "Tensor known_indptr, Tensor known_indices) -> Tensor");
+  // (threshold [B], cutoff int64 [B]): the k[b] lowest (score, j) of U_b are those <= (threshold, cutoff);
+  // k is clamped to [0, |U_b|] and cutoff is -1 when it is 0.
+  m.def(
+      "bottom_k_select(Tensor user_emb, Tensor item_table, Tensor users, Tensor pos_items, Tensor candidates, "
+      "Tensor known_indptr, Tensor known_indices, Tensor k) -> (Tensor, Tensor)");
+  // (neutral [B, d], negative [B, d], num_neutral int64 [B], num_negative int64 [B], threshold, cutoff,
+  //  hard int64 [B]): the class means (0 for an empty class) of the candidates' item rows, the
+  // negative class being the selection of bottom_k_select, whose state it returns for the
+  // backward; and, from the same scores, the hard negative of hard_negative_argmax.
+  m.def(
+      "class_centroids_fwd(Tensor user_emb, Tensor item_table, Tensor users, Tensor pos_items, "
+      "Tensor candidates, Tensor known_indptr, Tensor known_indices, Tensor k) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // grad_item_table [I, d]
+  m.def(
+      "class_centroids_bwd(Tensor grad_neutral, Tensor grad_negative, Tensor user_emb, Tensor item_table, "
+      "Tensor users, Tensor pos_items, Tensor candidates, Tensor known_indptr, Tensor known_indices, "
+      "Tensor threshold, Tensor cutoff, Tensor num_neutral, Tensor num_negative) -> Tensor");
+  // log mean_{i != j} exp(-t ||x_i - x_j||^2) of x [n, d]: a 0-dim tensor (0 when n < 2)
+  m.def("pairwise_uniformity_fwd(Tensor x, float t) -> Tensor");
+  // grad_x [n, d] given the 0-dim grad and the forward's output
+  m.def("pairwise_uniformity_bwd(Tensor grad, Tensor x, float t, Tensor output) -> Tensor");
+}

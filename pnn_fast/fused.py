@@ -1,0 +1,80 @@
+"""Fused backend: drop-in replacements of the per-row functions of :mod:`pnn_fast.reference`.
+
+Same signatures, same outputs (to rounding), on the C++/CUDA kernels of :mod:`pnn_fast.ops`.
+The [B, C] score and mask matrices of the reference are never built: the kernels recompute
+scores row by row, and only gathers of O(B d) (the positive, hard-negative and centroid scores)
+are left to autograd here.  The class size rule ``negative_class_size`` is the reference's own.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import ops
+from .known import KnownPositives
+from .ops import pairwise_uniformity
+from .reference import NORM_EPS, NegSize, negative_class_size
+
+__all__ = ["hard_negative_bpr", "pnn_row_terms", "pairwise_uniformity"]
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * b).sum(dim=-1)
+
+
+def _bpr(user_emb, item_table, pos_items, candidates, hard):
+    """(bpr, pos_emb, pos_score) given the hard negatives, as the reference computes them."""
+    index = hard.clamp_min(0)
+    hard_items = candidates[index] if candidates.dim() == 1 else candidates.gather(1, index[:, None]).squeeze(1)
+    pos_emb = item_table[pos_items]
+    pos_score = _dot(user_emb, pos_emb)
+    hard_score = _dot(user_emb, item_table[hard_items])
+    bpr = torch.where(hard >= 0, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
+    return bpr, pos_emb, pos_score
+
+
+def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
+                      candidates: torch.Tensor, known: KnownPositives):
+    """BPR against the in-row hardest unlabeled candidate; see :func:`pnn_fast.reference.hard_negative_bpr`.
+
+    Args:
+        user_emb: float [B, d]; item_table: float [I, d]; users, pos_items: int [B];
+        candidates: int [C] shared or [B, C] per row.
+    Returns:
+        ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``.
+    """
+    hard, num_unlabeled = ops.hard_negative_argmax(user_emb, item_table, users, pos_items, candidates, known)
+    bpr, _, _ = _bpr(user_emb, item_table, pos_items, candidates, hard)
+    return bpr, hard, num_unlabeled
+
+
+def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
+                  candidates: torch.Tensor, known: KnownPositives, neg_size: NegSize, noise_pos: torch.Tensor,
+                  noise_neg: torch.Tensor) -> dict:
+    """Per-row PNN terms; see :func:`pnn_fast.reference.pnn_row_terms` (same arguments and outputs).
+
+    Returns:
+        dict of [B] tensors: ``bpr``, ``rank``, ``constrain`` (float), ``hard_negative``,
+        ``num_negative``, ``num_neutral`` (int64), ``valid`` (bool).
+    """
+    # |U_b| first (no scoring), so that one scoring pass gives the classes and the hard negative
+    num_unlabeled = ops.count_unlabeled(user_emb, item_table, users, pos_items, candidates, known)
+    valid = num_unlabeled > 0
+    k = negative_class_size(num_unlabeled, known.count(users), known.num_items, neg_size)
+    c_neu, c_neg, num_neutral, num_negative, _, _, hard = ops.class_centroids(user_emb, item_table, users, pos_items,
+                                                                              candidates, known, k)
+    has_negative = num_negative > 0
+    bpr, pos_emb, pos_score = _bpr(user_emb, item_table, pos_items, candidates, hard)
+    zero = torch.zeros_like(pos_score)
+
+    s_neu, s_neg = _dot(user_emb, c_neu), _dot(user_emb, c_neg)
+    rank = F.softplus(s_neu - pos_score) + torch.where(has_negative, F.softplus(s_neg - s_neu), zero)
+    rank = torch.where(valid, rank, zero)
+
+    gap = noise_pos * F.normalize(pos_emb, dim=1, eps=NORM_EPS) - noise_neg * F.normalize(c_neg, dim=1, eps=NORM_EPS)
+    constrain = torch.where(valid & has_negative, gap.pow(2).sum(dim=1), zero)
+
+    return {
+        "bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard,
+        "num_negative": num_negative, "num_neutral": num_neutral, "valid": valid,
+    }

@@ -1,0 +1,191 @@
+"""Typed wrappers over the fused kernels ``torch.ops.pnn_fast.*``, their fake (meta)
+implementations and their autograd.
+
+Shapes: ``B`` rows, ``C`` candidates, ``d`` embedding size, ``I`` items.  Candidates are int
+``[C]`` shared by every row (in-batch mode) or ``[B, C]`` per row (sampled mode); ids may be
+int32 or int64.  Embeddings are float16, bfloat16, float32 or float64 (the kernels accumulate
+float16/bfloat16 in float32).  Non-contiguous inputs are accepted.
+
+Per row ``b`` with user ``u`` and positive ``i``, ``U_b`` is the set of candidate indices ``j``
+whose item is neither ``i`` nor a known positive of ``u``; ``s_j`` is ``<user_emb[b], item_table[c_j]>``.
+No op allocates anything of size ``[B, C]``.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from . import _extension
+from ._checks import check_same
+from .known import KnownPositives
+
+if not _extension.build_info()["compiled"]:
+    raise ImportError(f"pnn_fast.ops needs the compiled kernels: {_extension.build_info()['reason']}")
+
+_OPS = torch.ops.pnn_fast
+
+
+def _opmath_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _row_args(user_emb, item_table, users, pos_items, candidates, known: KnownPositives) -> tuple:
+    """Device/dtype checks; the positional arguments every per-row op starts with."""
+    _extension.require_kernels(user_emb.device)
+    check_same("user_emb", user_emb, [("item_table", item_table)], dtype=True)
+    check_same("user_emb", user_emb, [("users", users), ("pos_items", pos_items), ("candidates", candidates),
+                                      ("known", known.indptr)], dtype=False)
+    return (user_emb, item_table, users.long(), pos_items.long(), candidates.long(), known.indptr, known.indices)
+
+
+def hard_negative_argmax(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
+                         pos_items: torch.Tensor, candidates: torch.Tensor,
+                         known: KnownPositives) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The hardest unlabeled candidate of each row: ``argmax_{j in U_b} s_j``.
+
+    Args:
+        user_emb: float [B, d]; item_table: float [I, d], same dtype; users, pos_items: int [B];
+        candidates: int [C] or [B, C]; known: the users' known positives (same device).
+    Returns:
+        ``(hard, num_unlabeled)``, both int64 [B]: the candidate index (smallest on ties, -1
+        when ``U_b`` is empty) and ``|U_b|``.  Not differentiable.
+    """
+    args = _row_args(user_emb.detach(), item_table.detach(), users, pos_items, candidates, known)
+    return _OPS.hard_negative_argmax.default(*args)
+
+
+def count_unlabeled(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
+                    candidates: torch.Tensor, known: KnownPositives) -> torch.Tensor:
+    """``|U_b|`` of each row, without scoring (much cheaper than :func:`hard_negative_argmax`).
+
+    Args: as :func:`hard_negative_argmax` (the embeddings only fix the device and the checks).
+    Returns: int64 [B].
+    """
+    args = _row_args(user_emb.detach(), item_table.detach(), users, pos_items, candidates, known)
+    return _OPS.count_unlabeled.default(*args)
+
+
+def bottom_k_select(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
+                    candidates: torch.Tensor, known: KnownPositives,
+                    k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The ``k[b]`` lowest-scored members of ``U_b`` (ties: smallest ``j``), as per-row state.
+
+    Args: as :func:`hard_negative_argmax`, plus ``k``: int64 [B], clamped to ``[0, |U_b|]``.
+    Returns:
+        ``(threshold, cutoff)``: float [B] (float64 for float64 inputs, float32 otherwise) and
+        int64 [B].  Candidate ``j`` of ``U_b`` is selected iff ``(s_j, j) <= (threshold, cutoff)``
+        lexicographically, in torch.sort's order of scores (NaN above +inf, -0.0 == 0.0);
+        ``cutoff`` is -1 and ``threshold`` -inf when nothing is selected.  Not differentiable.
+    """
+    args = _row_args(user_emb.detach(), item_table.detach(), users, pos_items, candidates, known)
+    return _OPS.bottom_k_select.default(*args, k.long())
+
+
+def class_centroids(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
+                    candidates: torch.Tensor, known: KnownPositives, k: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """Mean item embedding of each row's neutral and negative class.
+
+    The negative class is the :func:`bottom_k_select` selection of ``k[b]`` members of ``U_b``
+    (made in the same pass), the neutral class the rest of ``U_b``.
+
+    Args: as :func:`hard_negative_argmax`, plus ``k``: int64 [B].
+    Returns:
+        ``(neutral, negative, num_neutral, num_negative, threshold, cutoff, hard)``: float [B, d]
+        in user_emb's dtype (zero rows for empty classes), int64 [B] class sizes, the selection
+        state of :func:`bottom_k_select` and, from the same scores, the hard negative of
+        :func:`hard_negative_argmax` (so that PNN scores each row once in its forward pass).
+        Differentiable w.r.t. ``item_table``; class membership is piecewise constant, so there
+        is no gradient w.r.t. ``user_emb``.  The backward recomputes membership from
+        ``(threshold, cutoff)``, never from a stored mask.
+    """
+    args = _row_args(user_emb.detach(), item_table, users, pos_items, candidates, known)
+    return _OPS.class_centroids_fwd.default(*args, k.long())
+
+
+def pairwise_uniformity(x: torch.Tensor, t: float) -> torch.Tensor:
+    """``log( mean_{i != j} exp(-t ||x_i - x_j||^2) )`` over ordered pairs of rows; 0 when n < 2.
+
+    Args:
+        x: float [n, d]; t: the temperature.
+    Returns:
+        0-dim tensor of x's dtype, differentiable w.r.t. ``x``.  Forward and backward use O(n d)
+        memory and a log-sum-exp, so any scale of ``x`` is safe.
+    """
+    _extension.require_kernels(x.device)
+    return _OPS.pairwise_uniformity_fwd.default(x, float(t))
+
+
+# ---- fake implementations (shapes and dtypes for torch.compile / meta tensors)
+
+@torch.library.register_fake("pnn_fast::hard_negative_argmax")
+def _(user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices):
+    rows = user_emb.shape[0]
+    return users.new_empty(rows, dtype=torch.int64), users.new_empty(rows, dtype=torch.int64)
+
+
+@torch.library.register_fake("pnn_fast::count_unlabeled")
+def _(user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices):
+    return users.new_empty(user_emb.shape[0], dtype=torch.int64)
+
+
+@torch.library.register_fake("pnn_fast::bottom_k_select")
+def _(user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices, k):
+    rows = user_emb.shape[0]
+    return user_emb.new_empty(rows, dtype=_opmath_dtype(user_emb.dtype)), users.new_empty(rows, dtype=torch.int64)
+
+
+@torch.library.register_fake("pnn_fast::class_centroids_fwd")
+def _(user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices, k):
+    rows = user_emb.shape[0]
+    counts = [users.new_empty(rows, dtype=torch.int64) for _ in range(4)]
+    threshold = user_emb.new_empty(rows, dtype=_opmath_dtype(user_emb.dtype))
+    return (torch.empty_like(user_emb), torch.empty_like(user_emb), counts[0], counts[1], threshold, counts[2],
+            counts[3])
+
+
+@torch.library.register_fake("pnn_fast::class_centroids_bwd")
+def _(grad_neutral, grad_negative, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices,
+      threshold, cutoff, num_neutral, num_negative):
+    return item_table.new_empty(item_table.shape)
+
+
+@torch.library.register_fake("pnn_fast::pairwise_uniformity_fwd")
+def _(x, t):
+    return x.new_empty(())
+
+
+@torch.library.register_fake("pnn_fast::pairwise_uniformity_bwd")
+def _(grad, x, t, output):
+    return x.new_empty(x.shape)
+
+
+# ---- autograd: the backward ops are the only math; these functions just route tensors
+
+def _centroids_setup_context(ctx, inputs, output):
+    _, _, num_neutral, num_negative, threshold, cutoff, _ = output
+    ctx.mark_non_differentiable(threshold)
+    ctx.save_for_backward(*inputs[:7], threshold, cutoff, num_neutral, num_negative)
+
+
+def _centroids_backward(ctx, grad_neutral, grad_negative, *_):
+    grad_table = None
+    if ctx.needs_input_grad[1]:
+        grad_table = _OPS.class_centroids_bwd.default(grad_neutral, grad_negative, *ctx.saved_tensors)
+    return (None, grad_table) + (None,) * 6
+
+
+def _uniformity_setup_context(ctx, inputs, output):
+    ctx.t = inputs[1]
+    ctx.save_for_backward(inputs[0], output)
+
+
+def _uniformity_backward(ctx, grad):
+    x, output = ctx.saved_tensors
+    return _OPS.pairwise_uniformity_bwd.default(grad, x, ctx.t, output), None
+
+
+torch.library.register_autograd("pnn_fast::class_centroids_fwd", _centroids_backward,
+                                setup_context=_centroids_setup_context)
+torch.library.register_autograd("pnn_fast::pairwise_uniformity_fwd", _uniformity_backward,
+                                setup_context=_uniformity_setup_context)
