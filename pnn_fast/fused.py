@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from . import ops
 from .known import KnownPositives
 from .ops import pairwise_uniformity
-from .reference import NORM_EPS, NegSize, negative_class_size
+from .reference import NegSize, negative_class_size, terms_from_centroids
 
 __all__ = ["hard_negative_bpr", "pnn_row_terms", "pairwise_uniformity"]
 
@@ -63,18 +63,6 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
     k = negative_class_size(num_unlabeled, known.count(users), known.num_items, neg_size)
     c_neu, c_neg, num_neutral, num_negative, _, _, hard = ops.class_centroids(user_emb, item_table, users, pos_items,
                                                                               candidates, known, k)
-    has_negative = num_negative > 0
     bpr, pos_emb, pos_score = _bpr(user_emb, item_table, pos_items, candidates, hard)
-    zero = torch.zeros_like(pos_score)
-
-    s_neu, s_neg = _dot(user_emb, c_neu), _dot(user_emb, c_neg)
-    rank = F.softplus(s_neu - pos_score) + torch.where(has_negative, F.softplus(s_neg - s_neu), zero)
-    rank = torch.where(valid, rank, zero)
-
-    gap = noise_pos * F.normalize(pos_emb, dim=1, eps=NORM_EPS) - noise_neg * F.normalize(c_neg, dim=1, eps=NORM_EPS)
-    constrain = torch.where(valid & has_negative, gap.pow(2).sum(dim=1), zero)
-
-    return {
-        "bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard,
-        "num_negative": num_negative, "num_neutral": num_neutral, "valid": valid,
-    }
+    return terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, num_neutral, num_negative,
+                                valid, noise_pos, noise_neg)

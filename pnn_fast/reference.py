@@ -128,7 +128,6 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
     num_unlabeled = unlabeled.sum(dim=1)
     valid = num_unlabeled > 0
     zero = torch.zeros(users.shape, dtype=user_emb.dtype, device=user_emb.device)
-
     pos_emb = item_table[pos_items]
     pos_score = _dot(user_emb, pos_emb)
 
@@ -142,7 +141,6 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
     negative = bottom_k_mask(scores, unlabeled, k)
     neutral = unlabeled & ~negative
     num_negative, num_neutral = negative.sum(dim=1), neutral.sum(dim=1)
-    has_negative = num_negative > 0
 
     # centroids of the two classes
     def centroid(mask, count):
@@ -150,6 +148,20 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
 
     c_neu = centroid(neutral, num_neutral)
     c_neg = centroid(negative, num_negative)
+    return terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, num_neutral, num_negative,
+                                valid, noise_pos, noise_neg)
+
+
+def terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, num_neutral, num_negative, valid,
+                         noise_pos, noise_neg) -> dict:
+    """L_rank and L_constrain from the class centroids; the part every backend shares.
+
+    Args: float [B, d] ``user_emb``, ``pos_emb``, ``c_neu``, ``c_neg``, ``noise_*``; float [B]
+    ``pos_score``, ``bpr``; int64 [B] ``hard``, ``num_neutral``, ``num_negative``; bool [B] ``valid``.
+    Returns: the dict of :func:`pnn_row_terms`.
+    """
+    zero = torch.zeros_like(pos_score)
+    has_negative = num_negative > 0
 
     # L_rank: positive > neutral centroid > negative centroid
     s_neu, s_neg = _dot(user_emb, c_neu), _dot(user_emb, c_neg)
