@@ -9,6 +9,10 @@ the memory of one step: on CUDA torch.cuda.max_memory_allocated above the step's
 the rise of the process's resident-set high-water mark (VmHWM) in a fresh process, plus the
 largest allocation torch.profiler attributes to one op (a [B, B] float32 matrix is 4 B^2 bytes).
 Every case first checks that its loss equals the reference's.
+
+On a machine shared with other jobs, run with OMP_WAIT_POLICY=passive: OpenMP threads otherwise
+spin between parallel regions and, oversubscribed, time each other's spinning rather than the
+kernels (both backends suffer, the one with more, smaller regions more).
 """
 from __future__ import annotations
 
@@ -21,10 +25,17 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import (cpu_peak_bytes, cuda_peak_bytes, environment, make_step, synchronize,  # noqa: E402
-                      synthetic_problem, time_step)
+from _harness import (
+    cpu_peak_bytes,
+    cuda_peak_bytes,
+    environment,
+    make_step,
+    synchronize,
+    synthetic_problem,
+    time_step,
+)
 
-from pnn_fast import build_info  # noqa: E402
+from pnn_fast import build_info
 
 BATCHES = (2048, 8192)
 PROVIDERS = {"cpu": ("reference", "cpu"), "cuda": ("reference", "reference+compile", "cuda")}
