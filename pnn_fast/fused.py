@@ -15,7 +15,7 @@ from .known import KnownPositives
 from .ops import pairwise_uniformity
 from .reference import NegSize, negative_class_size, terms_from_centroids
 
-__all__ = ["hard_negative_bpr", "pnn_row_terms", "pairwise_uniformity"]
+__all__ = ["hard_negative_bpr", "pairwise_uniformity", "pnn_row_terms"]
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,6 @@ No op allocates anything of size ``[B, C]``.
 """
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 
 from . import _extension
@@ -41,7 +39,7 @@ def _row_args(user_emb, item_table, users, pos_items, candidates, known: KnownPo
 
 def hard_negative_argmax(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                          pos_items: torch.Tensor, candidates: torch.Tensor,
-                         known: KnownPositives) -> Tuple[torch.Tensor, torch.Tensor]:
+                         known: KnownPositives) -> tuple[torch.Tensor, torch.Tensor]:
     """The hardest unlabeled candidate of each row: ``argmax_{j in U_b} s_j``.
 
     Args:
@@ -68,7 +66,7 @@ def count_unlabeled(user_emb: torch.Tensor, item_table: torch.Tensor, users: tor
 
 def bottom_k_select(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
                     candidates: torch.Tensor, known: KnownPositives,
-                    k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+                    k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k[b]`` lowest-scored members of ``U_b`` (ties: smallest ``j``), as per-row state.
 
     Args: as :func:`hard_negative_argmax`, plus ``k``: int64 [B], clamped to ``[0, |U_b|]``.
@@ -83,7 +81,7 @@ def bottom_k_select(user_emb: torch.Tensor, item_table: torch.Tensor, users: tor
 
 
 def class_centroids(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
-                    candidates: torch.Tensor, known: KnownPositives, k: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+                    candidates: torch.Tensor, known: KnownPositives, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Mean item embedding of each row's neutral and negative class.
 
     The negative class is the :func:`bottom_k_select` selection of ``k[b]`` members of ``U_b``

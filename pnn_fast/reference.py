@@ -29,11 +29,17 @@ def candidate_embeddings(item_table: torch.Tensor, candidates: torch.Tensor) -> 
     return item_table[candidates]
 
 
-def row_scores(user_emb: torch.Tensor, cand_emb: torch.Tensor) -> torch.Tensor:
-    """s[b, j] = <user_emb[b], cand_emb[(b,) j]>: [B, C]."""
-    if cand_emb.dim() == 2:
-        return user_emb @ cand_emb.T
-    return torch.einsum("bd,bcd->bc", user_emb, cand_emb)
+def row_scores(user_emb: torch.Tensor, item_table: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """s[b, j] = <user_emb[b], item_table[c_j]>: [B, C].
+
+    Each distinct item is scored once per row and indexed back, so repeated candidates get
+    bit-identical scores and the smallest-j tie rule is decided by the rule, not by rounding
+    (a matmul may round the same dot product differently at different column positions).
+    """
+    if candidates.dim() == 1:
+        items, position = torch.unique(candidates, return_inverse=True)
+        return (user_emb @ item_table[items].T)[:, position]
+    return (user_emb[:, None, :] * item_table[candidates]).sum(dim=-1)
 
 
 def class_sum(weights: torch.Tensor, cand_emb: torch.Tensor) -> torch.Tensor:
@@ -98,8 +104,7 @@ def hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, known)
     Returns ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``; bpr is 0 where the
     row has no unlabeled candidate (hard_negative -1).
     """
-    cand_emb = candidate_embeddings(item_table, candidates)
-    scores = row_scores(user_emb, cand_emb)
+    scores = row_scores(user_emb, item_table, candidates)
     unlabeled = unlabeled_mask(known, users, pos_items, candidates)
     hard = hard_negative(scores, unlabeled)
     valid = hard >= 0
@@ -123,7 +128,7 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
         ``num_negative``, ``num_neutral`` (int64), ``valid`` (bool).
     """
     cand_emb = candidate_embeddings(item_table, candidates)
-    scores = row_scores(user_emb, cand_emb)
+    scores = row_scores(user_emb, item_table, candidates)
     unlabeled = unlabeled_mask(known, users, pos_items, candidates)
     num_unlabeled = unlabeled.sum(dim=1)
     valid = num_unlabeled > 0

@@ -12,8 +12,6 @@ class boundary (the argmax and the bottom-k selection are discontinuous in the s
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import pytest
 import torch
 
@@ -27,11 +25,11 @@ if _extension.has_kernels("cpu"):
 
 CUDA = torch.cuda.is_available() and _extension.has_kernels("cuda")
 NEG_SIZES = ("proportional", "count", 3)
-TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
+TOLERANCE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.float64: {"rtol": 1e-10, "atol": 1e-10}}
 
 
-def make_batch(rows: int, dim: int, *, per_row: Optional[int] = None, dtype=torch.float64,
-               grid: Optional[bool] = None, num_users: int = 100, num_items: int = 400, known_per_user: int = 8,
+def make_batch(rows: int, dim: int, *, per_row: int | None = None, dtype=torch.float64,
+               grid: bool | None = None, num_users: int = 100, num_items: int = 400, known_per_user: int = 8,
                seed: int = 0, device="cpu") -> dict:
     """Random inputs of pnn_row_terms (see the module docstring).
 
@@ -91,11 +89,11 @@ def row_terms(module, batch: dict, neg_size, grad_weights: torch.Tensor):
 def assert_terms_equal(got: dict, want: dict, got_grads, want_grads, **tol):
     for name, value in want.items():
         if value.is_floating_point():
-            torch.testing.assert_close(got[name], value, **tol, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(got[name], value, **tol, msg=lambda m, name=name: f"{name}: {m}")
         else:
             assert torch.equal(got[name].cpu(), value.cpu()), name
     for name, g, w in zip(("user_emb", "item_table"), got_grads, want_grads):
-        torch.testing.assert_close(g, w, **tol, msg=lambda m: f"grad {name}: {m}")
+        torch.testing.assert_close(g, w, **tol, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
 def check_row_terms(batch: dict, neg_size, tol: dict, rows=None):
@@ -237,7 +235,7 @@ def test_int32_ids_and_non_contiguous_inputs():
 
 def test_mixed_devices_and_dtypes_are_clear_errors():
     batch = make_batch(8, 4, seed=17)
-    args = lambda **over: [over.get(n, batch[n]) for n in ("user_emb", "item_table", "users", "pos_items",  # noqa: E731
+    args = lambda **over: [over.get(n, batch[n]) for n in ("user_emb", "item_table", "users", "pos_items",
                                                               "candidates", "known")]
     with pytest.raises(TypeError, match="item_table has dtype torch.float32 but user_emb has torch.float64"):
         fused.hard_negative_bpr(*args(item_table=batch["item_table"].float()))

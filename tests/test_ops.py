@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_f
 if _extension.has_kernels("cpu"):
     from pnn_fast import ops
 
-from test_fused_parity import make_batch  # noqa: E402  (tests/ is on sys.path, see conftest.py)
+from test_fused_parity import make_batch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and _extension.has_kernels("cuda") else [])
 ROW_ARGS = ("user_emb", "item_table", "users", "pos_items", "candidates", "known")
@@ -30,8 +30,7 @@ def raw_args(batch: dict) -> list:
 
 def reference_classes(batch: dict, k: torch.Tensor):
     """(scores, unlabeled, negative) of reference.py; grid inputs make the scores exact."""
-    cand_emb = reference.candidate_embeddings(batch["item_table"], batch["candidates"])
-    scores = reference.row_scores(batch["user_emb"], cand_emb)
+    scores = reference.row_scores(batch["user_emb"], batch["item_table"], batch["candidates"])
     unlabeled = reference.unlabeled_mask(batch["known"], batch["users"], batch["pos_items"], batch["candidates"])
     return scores, unlabeled, reference.bottom_k_mask(scores, unlabeled, k)
 

@@ -178,3 +178,18 @@ def test_noise_is_drawn_in_range_when_not_given():
     has_neg = comp["num_negative"] > 0
     assert torch.all(comp["constrain"][has_neg] > 0)
     assert torch.all(comp["constrain"] <= 4 * 0.1 ** 2 * p["dim"])
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_repeated_candidates_tie_exactly_and_smallest_index_wins(per_row):
+    """A repeated item must get bit-identical scores wherever it stands, so ties follow the rule."""
+    g = torch.Generator().manual_seed(7)
+    user_emb, item_table = torch.randn(64, 67, generator=g, dtype=torch.float64), torch.randn(40, 67, generator=g, dtype=torch.float64)
+    candidates = torch.randint(0, 40, (64, 50) if per_row else (200,), generator=g)
+    scores = pnn_fast.reference.row_scores(user_emb, item_table, candidates)
+    cands = candidates.expand(64, -1)
+    same_item = cands[:, :, None] == cands[:, None, :]
+    assert torch.equal(scores[:, :, None].expand_as(same_item)[same_item], scores[:, None, :].expand_as(same_item)[same_item])
+    hard = pnn_fast.reference.hard_negative(scores, torch.ones_like(scores, dtype=torch.bool))
+    first = (cands == cands.gather(1, hard[:, None])).long().argmax(dim=1)
+    assert torch.equal(hard, first)  # the first occurrence of the winning item
