@@ -20,7 +20,12 @@ from pathlib import Path
 import torch
 from setuptools import setup
 from torch.utils import cpp_extension
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+from torch.utils.cpp_extension import (
+    CUDA_HOME,
+    BuildExtension,
+    CppExtension,
+    CUDAExtension,
+)
 
 ROOT = Path(__file__).resolve().parent
 

@@ -19,10 +19,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pnn_fast.known import KnownPositives  # noqa: E402
-from pnn_fast.losses import PNNLoss  # noqa: E402
-
-QUANTILES = (0.2, 0.5, 0.8)
+from pnn_fast.known import KnownPositives
+from pnn_fast.losses import PNNLoss
 
 
 def synthetic_problem(batch: int, dim: int = 64, device: str = "cpu", num_users: int = 20000,
