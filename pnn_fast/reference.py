@@ -98,19 +98,25 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum(dim=-1)
 
 
+def _scored_rows(user_emb, item_table, users, pos_items, candidates, known):
+    """What BPR and PNN share: scores [B, C], the unlabeled mask, the hard negative and L_BPR."""
+    scores = row_scores(user_emb, item_table, candidates)
+    unlabeled = unlabeled_mask(known, users, pos_items, candidates)
+    hard = hard_negative(scores, unlabeled)
+    pos_emb = item_table[pos_items]
+    pos_score = _dot(user_emb, pos_emb)
+    hard_score = scores.gather(1, hard.clamp_min(0)[:, None]).squeeze(1)
+    bpr = torch.where(hard >= 0, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
+    return scores, unlabeled, hard, pos_emb, pos_score, bpr
+
+
 def hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, known):
     """BPR against the in-row hardest unlabeled candidate (the paper's batch DNS).
 
     Returns ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``; bpr is 0 where the
     row has no unlabeled candidate (hard_negative -1).
     """
-    scores = row_scores(user_emb, item_table, candidates)
-    unlabeled = unlabeled_mask(known, users, pos_items, candidates)
-    hard = hard_negative(scores, unlabeled)
-    valid = hard >= 0
-    pos_score = _dot(user_emb, item_table[pos_items])
-    hard_score = scores.gather(1, hard.clamp_min(0)[:, None]).squeeze(1)
-    bpr = torch.where(valid, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
+    _, unlabeled, hard, _, _, bpr = _scored_rows(user_emb, item_table, users, pos_items, candidates, known)
     return bpr, hard, unlabeled.sum(dim=1)
 
 
@@ -128,18 +134,11 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
         ``num_negative``, ``num_neutral`` (int64), ``valid`` (bool).
     """
     cand_emb = candidate_embeddings(item_table, candidates)
-    scores = row_scores(user_emb, item_table, candidates)
-    unlabeled = unlabeled_mask(known, users, pos_items, candidates)
+    # L_BPR with the in-batch dynamic hard negative
+    scores, unlabeled, hard, pos_emb, pos_score, bpr = _scored_rows(user_emb, item_table, users, pos_items,
+                                                                    candidates, known)
     num_unlabeled = unlabeled.sum(dim=1)
     valid = num_unlabeled > 0
-    zero = torch.zeros(users.shape, dtype=user_emb.dtype, device=user_emb.device)
-    pos_emb = item_table[pos_items]
-    pos_score = _dot(user_emb, pos_emb)
-
-    # L_BPR with the in-batch dynamic hard negative
-    hard = hard_negative(scores, unlabeled)
-    hard_score = scores.gather(1, hard.clamp_min(0)[:, None]).squeeze(1)
-    bpr = torch.where(valid, F.softplus(hard_score - pos_score), zero)
 
     # classification: bottom-k_b are negative, the rest of U_b neutral
     k = negative_class_size(num_unlabeled, known.count(users), known.num_items, neg_size)
