@@ -50,4 +50,20 @@ TORCH_LIBRARY(pnn_fast, m) {
   m.def("pairwise_uniformity_fwd(Tensor x, float t) -> Tensor");
   // grad_x [n, d] given the 0-dim grad and the forward's output
   m.def("pairwise_uniformity_bwd(Tensor grad, Tensor x, float t, Tensor output) -> Tensor");
+
+  // Table lookups of a training step (the sampler, BPR and RecBole's L2 term).
+  // int64 [B, K]: for float32 uniform [B, K] in [0, 1), the floor(u * (num_items - N_u))-th item not known to users[b]
+  m.def("unknown_items(Tensor known_indptr, Tensor known_indices, Tensor users, Tensor uniform, int num_items) "
+        "-> Tensor");
+  // (loss, coef): the mean over b, k of softplus(x_bk), x_bk = <U[users_b], I[neg_bk]> - <U[users_b], I[pos_b]>,
+  // a 0-dim tensor; and coef [B, K] (accumulation dtype) = softplus'(x_bk) / (B K) = d loss / d x_bk
+  m.def("embedding_bpr_fwd(Tensor user_table, Tensor item_table, Tensor users, Tensor pos_items, Tensor neg_items) "
+        "-> (Tensor, Tensor)");
+  // (grad_user_table [U, d], grad_item_table [I, d]) given the 0-dim grad and the forward's coef
+  m.def("embedding_bpr_bwd(Tensor grad, Tensor coef, Tensor user_table, Tensor item_table, Tensor users, "
+        "Tensor pos_items, Tensor neg_items) -> (Tensor, Tensor)");
+  // || table[ids] ||_F, the Frobenius norm of the gathered rows: a 0-dim tensor
+  m.def("gathered_norm_fwd(Tensor table, Tensor ids) -> Tensor");
+  // grad_table [n, d] given the 0-dim grad and the forward's output
+  m.def("gathered_norm_bwd(Tensor grad, Tensor table, Tensor ids, Tensor output) -> Tensor");
 }

@@ -98,27 +98,50 @@ class KnownPositives:
         pos = torch.searchsorted(self._keys, query).clamp_max(self._keys.numel() - 1)
         return (self._keys[pos] == query).reshape(users.shape)
 
-    def sample_unknown(self, users: torch.Tensor, num: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample_unknown(self, users: torch.Tensor, num: int, generator: torch.Generator | None = None,
+                       backend: str = "auto") -> torch.Tensor:
         """Items drawn uniformly (with replacement) from each user's unknown items.
 
-        Exact and loop-free: draw a rank ``r`` in ``[0, I - N_u)`` and map it to the r-th unknown
-        item ``r + #{m : k_m - m <= r}`` by one searchsorted; no rejection rounds, no host sync.
+        Exact and loop-free: one uniform draw per entry, mapped to an unknown item by
+        :meth:`unknown_from_uniform`; no rejection rounds, no host sync.
 
         Args:
             users: int [B]; every user must have at least one unknown item.
             num: candidates per row.
+            backend: as :meth:`unknown_from_uniform`.
         Returns:
             int64 [B, num].
         """
+        uniform = torch.rand(users.numel(), num, generator=generator, device=users.device, dtype=torch.float32)
+        return self.unknown_from_uniform(users, uniform, backend)
+
+    def unknown_from_uniform(self, users: torch.Tensor, uniform: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+        """The ``r``-th (0-based) unknown item of ``users[b]``, ``r = floor(u * (I - N_u))`` for each
+        ``u = uniform[b, k]`` (float32 arithmetic); the r-th unknown item is ``r + #{m : k_m - m <= r}``
+        for the user's sorted items ``k_m``.
+
+        Args:
+            users: int [B]; uniform: float32 [B, K] in ``[0, 1)``.
+            backend: "reference" (one global searchsorted over all users' keys), "auto" (the
+                compiled kernel where built: one binary search within the user's own row, which
+                stays in cache) or "cpu"/"cuda" (the kernel, required).
+        Returns:
+            int64 [B, K].
+        """
+        from . import reference
+        from .losses import _check_backend, resolve_backend
+
+        if resolve_backend(_check_backend(backend), users.device) is not reference:
+            from . import ops
+
+            return ops.unknown_items(self, users, uniform)
         users = users.long()
-        free = (self.num_items - self.count(users)).clamp_min(1)[:, None]
-        rank = (torch.rand(users.numel(), num, generator=generator, device=users.device) * free).long()
-        rank = torch.minimum(rank, free - 1)  # guards the float rounding of rand * free
+        free = (self.num_items - self.count(users))[:, None]
+        rank = torch.minimum((uniform * free).long(), free - 1)  # the clamp guards float rounding up to free
         if self._gap_keys.numel() == 0:
             return rank
         query = users[:, None] * (self.num_items + 1) + rank
-        before = torch.searchsorted(self._gap_keys, query, right=True) - self.indptr[users][:, None]
-        return rank + before
+        return rank + torch.searchsorted(self._gap_keys, query, right=True) - self.indptr[users][:, None]
 
     def __repr__(self) -> str:
         return f"KnownPositives(num_users={self.num_users}, num_items={self.num_items}, nnz={self.nnz}, device={self.device})"

@@ -215,31 +215,70 @@ class PNNLoss(nn.Module):
                 f"lambda_mode={self.lambda_mode!r}, backend={self.backend!r}")
 
 
+def _check_bpr_ids(ref_name: str, ref: torch.Tensor, item_table: torch.Tensor, batch: int, pos_items: torch.Tensor,
+                   neg_items: torch.Tensor, validate: bool, extra=()) -> torch.Tensor:
+    """Checks of a BPR call against ``ref`` (the user rows or table); neg_items as [B, K] ([B] is K = 1)."""
+    check_embedding("item_table", item_table, rows=None, dim=ref.shape[1])
+    check_same(ref_name, ref, [("item_table", item_table)], dtype=True)
+    if batch == 0:
+        raise ValueError(f"the batch is empty (0 rows of {ref_name})")
+    check_id_tensor("pos_items", pos_items, (batch,))
+    check_id_tensor("neg_items", neg_items, None)
+    if neg_items.shape[0] != batch or neg_items.dim() not in (1, 2) or neg_items.numel() == 0:
+        raise ValueError(f"neg_items must have shape [B={batch}] or [B, K] with K >= 1, got {list(neg_items.shape)}")
+    check_same(ref_name, ref, [("pos_items", pos_items), ("neg_items", neg_items)], dtype=False)
+    if validate:
+        check_values([("pos_items", pos_items, item_table.shape[0]), ("neg_items", neg_items, item_table.shape[0]),
+                      *extra], [])
+    return neg_items.reshape(batch, -1)
+
+
+def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
+                  neg_items: torch.Tensor, *, backend: str = "auto", validate: bool = True) -> torch.Tensor:
+    """BPR straight from the embedding tables: mean over (b, k) of
+    ``softplus(<U[users_b], I[neg_bk]> - <U[users_b], I[pos_b]>)``.
+
+    The fused backends gather, score and scatter the gradients in one op each way, which is what
+    makes a BPR training step cheap; the result equals :class:`BPRLoss` on ``user_table[users]``.
+
+    Args:
+        user_table: float [U, d]; item_table: float [I, d]; users, pos_items: int [B];
+        neg_items: int [B] or [B, K]; backend, validate: as :class:`PNNLoss`.
+    Returns: 0-dim tensor.
+    """
+    require_tensor("user_table", user_table)
+    check_embedding("user_table", user_table, rows=None, dim=user_table.shape[-1] if user_table.dim() == 2 else -1)
+    check_id_tensor("users", users, None)
+    if users.dim() != 1:
+        raise ValueError(f"users must have shape [B], got {list(users.shape)}")
+    check_same("user_table", user_table, [("users", users)], dtype=False)
+    neg = _check_bpr_ids("user_table", user_table, item_table, users.numel(), pos_items, neg_items, validate,
+                         extra=[("users", users, user_table.shape[0])])
+    impl = resolve_backend(_check_backend(backend), user_table.device)
+    return impl.embedding_bpr(user_table, item_table, users, pos_items, neg)
+
+
 class BPRLoss(nn.Module):
     """Bayesian personalised ranking with given (sampled) negatives.
 
     forward(user_emb [B, d], item_table [I, d], pos_items int [B], neg_items int [B] or [B, K])
     -> mean over all (row, negative) pairs of softplus(s_neg - s_pos).
+    ``backend`` and ``validate`` as :class:`PNNLoss`.
     """
+
+    def __init__(self, *, backend: str = "auto", validate: bool = True):
+        super().__init__()
+        self.backend = _check_backend(backend)
+        self.validate = validate
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
                 neg_items: torch.Tensor) -> torch.Tensor:
         require_tensor("user_emb", user_emb)
-        check_embedding("user_emb", user_emb, rows=None, dim=user_emb.shape[-1])
-        check_embedding("item_table", item_table, rows=None, dim=user_emb.shape[1])
-        check_same("user_emb", user_emb, [("item_table", item_table)], dtype=True)
-        batch = user_emb.shape[0]
-        if batch == 0:
-            raise ValueError("user_emb is an empty batch (0 rows)")
-        check_id_tensor("pos_items", pos_items, (batch,))
-        check_id_tensor("neg_items", neg_items, None)
-        if neg_items.shape[0] != batch or neg_items.dim() not in (1, 2):
-            raise ValueError(f"neg_items must have shape [B={batch}] or [B, K], got {list(neg_items.shape)}")
-        check_values([("pos_items", pos_items, item_table.shape[0]), ("neg_items", neg_items, item_table.shape[0])], [])
-        neg = neg_items.reshape(batch, -1)
-        pos_score = (user_emb * item_table[pos_items]).sum(-1)
-        neg_score = torch.einsum("bd,bkd->bk", user_emb, item_table[neg])
-        return F.softplus(neg_score - pos_score[:, None]).mean()
+        check_embedding("user_emb", user_emb, rows=None, dim=user_emb.shape[-1] if user_emb.dim() == 2 else -1)
+        rows = torch.arange(user_emb.shape[0], device=user_emb.device)
+        neg = _check_bpr_ids("user_emb", user_emb, item_table, user_emb.shape[0], pos_items, neg_items, self.validate)
+        impl = resolve_backend(self.backend, user_emb.device)
+        return impl.embedding_bpr(user_emb, item_table, rows, pos_items, neg)
 
 
 class DNSLoss(nn.Module):

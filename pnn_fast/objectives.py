@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .known import KnownPositives
-from .losses import BPRLoss, DNSLoss, PNNLoss
+from .losses import DNSLoss, PNNLoss, embedding_bpr
 from .models import Recommender
 
 OBJECTIVES: dict[str, type[Objective]] = {}
@@ -69,16 +69,12 @@ class Objective(nn.Module):
 class BPRObjective(Objective):
     """BPR with one uniformly sampled unknown item per pair."""
 
-    DEFAULTS = {"num_negatives": 1}
-
-    def __init__(self, known, model, **args):
-        super().__init__(known, model, **args)
-        self.loss_fn = BPRLoss()
+    DEFAULTS = {"num_negatives": 1, "backend": "auto"}
 
     def forward(self, model, users, pos_items, generator):
         user_table, item_table = model.embeddings()
         neg = self.known.sample_unknown(users, int(self.args["num_negatives"]), generator)
-        loss = self.loss_fn(user_table[users], item_table, pos_items, neg)
+        loss = embedding_bpr(user_table, item_table, users, pos_items, neg, backend=self.args["backend"], validate=False)
         return BatchLoss(loss, users.repeat(neg.shape[1] + 1), torch.cat([pos_items, neg.T.reshape(-1)]))
 
 

@@ -114,6 +114,53 @@ def pairwise_uniformity(x: torch.Tensor, t: float) -> torch.Tensor:
     return _OPS.pairwise_uniformity_fwd.default(x, float(t))
 
 
+def unknown_items(known: KnownPositives, users: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Uniform draws mapped to unknown items: the ``floor(u * (I - N_u))``-th (0-based) item that is
+    not a known positive of ``users[b]``, for each ``u = uniform[b, k]``.
+
+    Args:
+        known: the users' known positives (same device); users: int [B];
+        uniform: float32 [B, K] in ``[0, 1)`` (checked; each user needs an unknown item).
+    Returns:
+        int64 [B, K].  One binary search in the user's CSR row per entry; not differentiable.
+    """
+    _extension.require_kernels(users.device)
+    check_same("users", users, [("uniform", uniform), ("known", known.indptr)], dtype=False)
+    return _OPS.unknown_items.default(known.indptr, known.indices, users.long(), uniform, known.num_items)
+
+
+def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
+                  neg_items: torch.Tensor) -> torch.Tensor:
+    """BPR over table rows: ``mean_{b,k} softplus(<U[u_b], I[n_bk]> - <U[u_b], I[p_b]>)``.
+
+    Gathers, scores and scatters in one op each way: nothing of size [B, K, d] is built.
+
+    Args:
+        user_table: float [U, d]; item_table: float [I, d], same dtype; users, pos_items: int [B];
+        neg_items: int [B, K].
+    Returns:
+        0-dim tensor of the tables' dtype (NaN when B * K = 0, as ``torch.mean``), differentiable
+        w.r.t. both tables.  The backward returns dense [U, d] and [I, d] gradients; on the CPU
+        they are bit-identical for any thread count.
+    """
+    _extension.require_kernels(user_table.device)
+    check_same("user_table", user_table, [("item_table", item_table)], dtype=True)
+    check_same("user_table", user_table, [("users", users), ("pos_items", pos_items), ("neg_items", neg_items)],
+               dtype=False)
+    return _OPS.embedding_bpr_fwd.default(user_table, item_table, users.long(), pos_items.long(), neg_items.long())[0]
+
+
+def gathered_norm(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``||table[ids]||_F``: the Frobenius norm of the gathered rows (RecBole's EmbLoss term).
+
+    Args: table: float [n, d]; ids: int [m].
+    Returns: 0-dim tensor of table's dtype, differentiable w.r.t. ``table`` (gradient 0 at the origin).
+    """
+    _extension.require_kernels(table.device)
+    check_same("table", table, [("ids", ids)], dtype=False)
+    return _OPS.gathered_norm_fwd.default(table, ids.long().reshape(-1))
+
+
 # ---- fake implementations (shapes and dtypes for torch.compile / meta tensors)
 
 @torch.library.register_fake("pnn_fast::hard_negative_argmax")
@@ -158,6 +205,31 @@ def _(grad, x, t, output):
     return x.new_empty(x.shape)
 
 
+@torch.library.register_fake("pnn_fast::unknown_items")
+def _(known_indptr, known_indices, users, uniform, num_items):
+    return uniform.new_empty(uniform.shape, dtype=torch.int64)
+
+
+@torch.library.register_fake("pnn_fast::embedding_bpr_fwd")
+def _(user_table, item_table, users, pos_items, neg_items):
+    return user_table.new_empty(()), user_table.new_empty(neg_items.shape, dtype=_opmath_dtype(user_table.dtype))
+
+
+@torch.library.register_fake("pnn_fast::embedding_bpr_bwd")
+def _(grad, coef, user_table, item_table, users, pos_items, neg_items):
+    return user_table.new_empty(user_table.shape), item_table.new_empty(item_table.shape)
+
+
+@torch.library.register_fake("pnn_fast::gathered_norm_fwd")
+def _(table, ids):
+    return table.new_empty(())
+
+
+@torch.library.register_fake("pnn_fast::gathered_norm_bwd")
+def _(grad, table, ids, output):
+    return table.new_empty(table.shape)
+
+
 # ---- autograd: the backward ops are the only math; these functions just route tensors
 
 def _centroids_setup_context(ctx, inputs, output):
@@ -187,3 +259,26 @@ torch.library.register_autograd("pnn_fast::class_centroids_fwd", _centroids_back
                                 setup_context=_centroids_setup_context)
 torch.library.register_autograd("pnn_fast::pairwise_uniformity_fwd", _uniformity_backward,
                                 setup_context=_uniformity_setup_context)
+
+
+def _bpr_setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1], *inputs)
+
+
+def _bpr_backward(ctx, grad, _):
+    grad_user, grad_item = _OPS.embedding_bpr_bwd.default(grad, *ctx.saved_tensors)
+    return (grad_user if ctx.needs_input_grad[0] else None, grad_item if ctx.needs_input_grad[1] else None,
+            None, None, None)
+
+
+def _norm_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, output)
+
+
+def _norm_backward(ctx, grad):
+    return _OPS.gathered_norm_bwd.default(grad, *ctx.saved_tensors), None
+
+
+torch.library.register_autograd("pnn_fast::embedding_bpr_fwd", _bpr_backward, setup_context=_bpr_setup_context)
+torch.library.register_autograd("pnn_fast::gathered_norm_fwd", _norm_backward, setup_context=_norm_setup_context)

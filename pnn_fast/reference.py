@@ -183,6 +183,24 @@ def terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, 
     }
 
 
+def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
+                  neg_items: torch.Tensor) -> torch.Tensor:
+    """BPR over table rows: mean over (b, k) of softplus(<U[u_b], I[n_bk]> - <U[u_b], I[p_b]>).
+
+    user_table: float [U, d]; item_table: float [I, d]; users, pos_items: int [B]; neg_items: int [B, K].
+    Returns a 0-dim tensor (NaN when B * K = 0).
+    """
+    user_emb = user_table[users]
+    pos_score = _dot(user_emb, item_table[pos_items])
+    neg_score = (user_emb[:, None, :] * item_table[neg_items]).sum(dim=-1)
+    return F.softplus(neg_score - pos_score[:, None]).mean()
+
+
+def gathered_norm(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """||table[ids]||_F, the Frobenius norm of the gathered rows: a 0-dim tensor."""
+    return table[ids.reshape(-1)].norm()
+
+
 def pairwise_uniformity(x: torch.Tensor, t: float) -> torch.Tensor:
     """log( mean over ordered pairs i != j of exp(-t ||x_i - x_j||^2) ); 0 for fewer than two rows.
 

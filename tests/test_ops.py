@@ -122,6 +122,29 @@ def opcheck_cases(device: str):
         (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x.clone().requires_grad_(), 2.0]),
         (torch.ops.pnn_fast.pairwise_uniformity_bwd.default, [torch.tensor(0.5, dtype=torch.float64, device=device),
                                                               x, 2.0, value]),
+    ] + lookup_opcheck_cases(device)
+
+
+def lookup_opcheck_cases(device: str):
+    """(op, args) of the table-lookup ops (unknown_items, embedding_bpr, gathered_norm)."""
+    gen = torch.Generator().manual_seed(8)
+    known = make_batch(4, 3, num_items=20, seed=8, device=device)["known"]
+    users = torch.tensor([0, 1, 1, 3], device=device)
+    uniform = torch.rand(4, 3, generator=gen).to(device)
+    user_table = torch.randn(5, 3, dtype=torch.float64, generator=gen).to(device)
+    item_table = torch.randn(20, 3, dtype=torch.float64, generator=gen).to(device)
+    pos, neg = torch.tensor([2, 5, 5, 0], device=device), torch.randint(20, (4, 2), generator=gen).to(device)
+    bpr = [user_table, item_table, users, pos, neg]
+    grad = torch.tensor(0.7, dtype=torch.float64, device=device)
+    norm = torch.ops.pnn_fast.gathered_norm_fwd(item_table, neg.reshape(-1))
+    return [
+        (torch.ops.pnn_fast.unknown_items.default, [known.indptr, known.indices, users, uniform, known.num_items]),
+        (torch.ops.pnn_fast.embedding_bpr_fwd.default, bpr),
+        (torch.ops.pnn_fast.embedding_bpr_fwd.default, [user_table.clone().requires_grad_(),
+                                                        item_table.clone().requires_grad_()] + bpr[2:]),
+        (torch.ops.pnn_fast.embedding_bpr_bwd.default, [grad, torch.ops.pnn_fast.embedding_bpr_fwd(*bpr)[1]] + bpr),
+        (torch.ops.pnn_fast.gathered_norm_fwd.default, [item_table.clone().requires_grad_(), neg.reshape(-1)]),
+        (torch.ops.pnn_fast.gathered_norm_bwd.default, [grad, item_table, neg.reshape(-1), norm]),
     ]
 
 
@@ -130,7 +153,8 @@ def test_opcheck_every_op(device):
     cases = opcheck_cases(device)
     assert {op.name() for op, _ in cases} == {f"pnn_fast::{name}" for name in (
         "hard_negative_argmax", "count_unlabeled", "bottom_k_select", "class_centroids_fwd", "class_centroids_bwd",
-        "pairwise_uniformity_fwd", "pairwise_uniformity_bwd")}
+        "pairwise_uniformity_fwd", "pairwise_uniformity_bwd", "unknown_items", "embedding_bpr_fwd",
+        "embedding_bpr_bwd", "gathered_norm_fwd", "gathered_norm_bwd")}
     for op, args in cases:
         torch.library.opcheck(op, args)
 

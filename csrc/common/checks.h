@@ -19,10 +19,10 @@ inline void check_same_device(const char* op, const at::Tensor& ref, const char*
               ref.device(), "; put all inputs on one device");
 }
 
-// x must be `dtype` with `sizes` (a -1 entry matches any size), on the device of ref (user_emb).
+// x must be `dtype` with `sizes` (a -1 entry matches any size), on the device of ref (named ref_name).
 inline void check_tensor(const char* op, const at::Tensor& ref, const at::Tensor& x, const char* name,
-                         at::ScalarType dtype, at::IntArrayRef sizes) {
-  check_same_device(op, ref, "user_emb", x, name);
+                         at::ScalarType dtype, at::IntArrayRef sizes, const char* ref_name = "user_emb") {
+  check_same_device(op, ref, ref_name, x, name);
   TORCH_CHECK(x.scalar_type() == dtype, op, ": ", name, " must be ", dtype, ", got ", x.scalar_type());
   bool ok = x.dim() == static_cast<int64_t>(sizes.size());
   for (int64_t i = 0; ok && i < x.dim(); ++i) ok = sizes[i] < 0 || x.size(i) == sizes[i];
@@ -76,18 +76,59 @@ inline RowInputs prepare_row_inputs(const char* op, const at::Tensor& user_emb, 
 
 // Id ranges (users < num_users, items < num_items).  One reduction per tensor, so the CPU entry
 // points call it; the CUDA kernels assert in-kernel instead of synchronising with the host.
+inline void check_ids_below(const char* op, const at::Tensor& ids, int64_t bound, const char* name) {
+  if (ids.numel() == 0) return;
+  const auto [lo, hi] = at::aminmax(ids);
+  TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < bound, op, ": ", name, " has ids outside [0, ", bound,
+              ")");
+}
+
 inline void check_id_ranges(const char* op, const RowInputs& in) {
-  const int64_t num_users = in.known_indptr.numel() - 1;
-  const int64_t num_items = in.item_table.size(0);
-  const std::pair<const at::Tensor*, const char*> ids[] = {
-      {&in.users, "users"}, {&in.pos_items, "pos_items"}, {&in.candidates, "candidates"}};
-  for (const auto& [ids_tensor, name] : ids) {
-    if (ids_tensor->numel() == 0) continue;
-    const int64_t bound = ids_tensor == &in.users ? num_users : num_items;
-    const auto [lo, hi] = at::aminmax(*ids_tensor);
-    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < bound, op, ": ", name, " has ids outside [0, ", bound,
-                ")");
-  }
+  check_ids_below(op, in.users, in.known_indptr.numel() - 1, "users");
+  check_ids_below(op, in.pos_items, in.item_table.size(0), "pos_items");
+  check_ids_below(op, in.candidates, in.item_table.size(0), "candidates");
+}
+
+// Contiguous, checked inputs of the table-lookup ops (embedding_bpr, gathered_norm): float
+// tables [n, d] of one dtype and device, int64 ids.
+struct LookupInputs {
+  at::Tensor user_table, item_table, users, pos_items, neg_items;
+  int64_t rows = 0;
+  int64_t negatives = 0;
+  int64_t dim = 0;
+};
+
+inline void check_table(const char* op, const at::Tensor& table, const char* name) {
+  TORCH_CHECK(table.dim() == 2 && at::isFloatingType(table.scalar_type()), op, ": ", name,
+              " must be a floating-point [n, d] tensor, got ", table.scalar_type(), " ", table.sizes());
+}
+
+// user_table [U, d], item_table [I, d], users and pos_items int64 [B], neg_items int64 [B, K].
+inline LookupInputs prepare_embedding_bpr(const char* op, const at::Tensor& user_table, const at::Tensor& item_table,
+                                          const at::Tensor& users, const at::Tensor& pos_items,
+                                          const at::Tensor& neg_items) {
+  check_table(op, user_table, "user_table");
+  LookupInputs in;
+  in.rows = users.numel();
+  in.dim = user_table.size(1);
+  in.negatives = neg_items.dim() == 2 ? neg_items.size(1) : -1;
+  check_tensor(op, user_table, item_table, "item_table", user_table.scalar_type(), {-1, in.dim}, "user_table");
+  check_tensor(op, user_table, users, "users", at::kLong, {in.rows}, "user_table");
+  check_tensor(op, user_table, pos_items, "pos_items", at::kLong, {in.rows}, "user_table");
+  check_tensor(op, user_table, neg_items, "neg_items", at::kLong, {in.rows, -1}, "user_table");
+  in.user_table = user_table.contiguous();
+  in.item_table = item_table.contiguous();
+  in.users = users.contiguous();
+  in.pos_items = pos_items.contiguous();
+  in.neg_items = neg_items.contiguous();
+  return in;
+}
+
+// The 0-dim upstream gradient of a scalar loss, on the device of `ref`, in the accumulation dtype.
+inline at::Tensor scalar_grad(const char* op, const at::Tensor& ref, const at::Tensor& grad) {
+  check_same_device(op, ref, "the inputs", grad, "grad");
+  TORCH_CHECK(grad.numel() == 1, op, ": grad must hold one value, got ", grad.sizes());
+  return grad.reshape({}).to(opmath_dtype(ref.scalar_type()));
 }
 
 template <typename scalar_t>

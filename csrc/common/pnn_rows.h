@@ -98,6 +98,22 @@ PNN_HD inline acc_t squared_distance(const scalar_t* a, const scalar_t* b, int64
   return sequential_sum<acc_t>(a, b, d, SquaredDiffTerm{});
 }
 
+// <a, b> with 8 interleaved partial sums combined by a fixed tree: the same result on every
+// run and thread count, but not a single chain, so it is not bit-identical to dot(); for the
+// lookup ops, whose scores decide no ties or classes.  Independent chains let the CPU overlap
+// the additions (and vectorise them) instead of waiting out one add latency per element.
+template <typename acc_t, typename scalar_t>
+PNN_HD inline acc_t dot_wide(const scalar_t* a, const scalar_t* b, int64_t d) {
+  constexpr int kLanes = 8;
+  acc_t lane[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= d; k += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] = madd(acc_t(a[k + l]), acc_t(b[k + l]), lane[l]);
+  }
+  for (int l = 0; k < d; ++k, ++l) lane[l] = madd(acc_t(a[k]), acc_t(b[k]), lane[l]);
+  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Known positives: user u's items are indices[indptr[u]:indptr[u+1]], strictly increasing.
 
@@ -110,6 +126,50 @@ PNN_HD inline bool sorted_contains(const int64_t* sorted, int64_t n, int64_t x) 
     n -= half;
   }
   return *sorted == x;
+}
+
+// The rank-th (0-based) item id that is NOT in sorted[0:n] (a user's known items): uniform
+// sampling of unknown items draws rank in [0, num_items - n) and maps it here.  The answer is
+// rank + m, m = #{i : sorted[i] - i <= rank}; sorted[i] - i (the unknown ids below sorted[i]) is
+// non-decreasing, so m is one binary search.
+// Rank among `free` items of a uniform draw u in [0, 1), as torch computes (u * free).long() in
+// float32, clamped to free - 1 against the rounding of u * free up to free.
+PNN_HD inline int64_t rank_of_uniform(float u, int64_t free) {
+  const int64_t rank = static_cast<int64_t>(u * static_cast<float>(free));
+  return rank < free - 1 ? rank : free - 1;
+}
+
+PNN_HD inline int64_t unknown_by_rank(const int64_t* sorted, int64_t n, int64_t rank) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (sorted[mid] - mid <= rank) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return rank + lo;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The BPR pair term softplus(x), x = s_neg - s_pos, and its derivative from one exp, as torch
+// computes them (F.softplus: x itself above the threshold 20, log1p(exp(x)) below).
+
+template <typename acc_t>
+struct SoftplusValueGrad {
+  acc_t value, grad;
+};
+
+template <typename acc_t>
+PNN_HD inline SoftplusValueGrad<acc_t> softplus_value_grad(acc_t x) {
+  if (x > acc_t(20)) return {x, acc_t(1)};
+  const acc_t e = exp_(x);
+#ifdef __CUDA_ARCH__
+  return {log1p(e), e / (acc_t(1) + e)};
+#else
+  return {std::log1p(e), e / (acc_t(1) + e)};
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <vector>
 
+#include <ATen/Parallel.h>
+
 #include "common/pnn_rows.h"
 #include "cpu/simd.h"
 
@@ -16,6 +18,29 @@ namespace pnn_fast {
 // small batches stay on one thread and large ones split evenly.
 inline int64_t row_grain(int64_t num_candidates, int64_t dim) {
   return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, num_candidates * dim));
+}
+
+// A hint to fetch *address into cache ahead of a dependent load (random rows of a table).
+inline void prefetch(const void* address) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(address);
+#else
+  (void)address;
+#endif
+}
+
+// Runs f(c0, c1) on column blocks [c0, c1) of [0, d), in parallel.  Scatter-adds into table rows
+// that several batch entries share are split by columns rather than by rows: a task owns whole
+// columns of every output row, so each entry accumulates in the caller's loop order whatever the
+// number of threads (deterministic, and no atomics).  `entries` (rows scattered) sizes the tasks.
+template <typename F>
+void for_column_blocks(int64_t d, int64_t entries, F f) {
+  constexpr int64_t kBlock = 16;  // one 64-byte cache line of float
+  const int64_t blocks = (d + kBlock - 1) / kBlock;
+  const int64_t grain = entries * kBlock < (int64_t{1} << 14) ? blocks : 1;
+  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    f(begin * kBlock, std::min(d, end * kBlock));
+  });
 }
 
 // a[k] converted to acc_t, into `out` (resized to d).

@@ -1,0 +1,217 @@
+// The table-lookup ops on CPU: unknown_items (the sampler's rank -> item map), embedding_bpr
+// (BPR over table rows, forward and backward) and gathered_norm (RecBole's EmbLoss term).
+//
+// They replace chains of small ATen ops (gather, dot, softplus, index_add into a zeroed table)
+// whose per-op overhead dominates a BPR training step.  Per-row values are computed in parallel
+// and summed in row order; table gradients are scattered by column blocks (for_column_blocks), so
+// every result is the same for any number of threads.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "cpu/cpu_rows.h"
+
+namespace pnn_fast {
+namespace {
+
+// Rows per task of the per-row loops: about 16K multiply-adds each.
+int64_t lookup_grain(int64_t per_row) { return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, per_row)); }
+
+at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
+                             const at::Tensor& uniform, int64_t num_items) {
+  constexpr const char* op = "pnn_fast::unknown_items";
+  check_tensor(op, known_indptr, known_indices, "known_indices", at::kLong, {-1}, "known_indptr");
+  check_tensor(op, known_indptr, users, "users", at::kLong, {-1}, "known_indptr");
+  check_tensor(op, known_indptr, uniform, "uniform", at::kFloat, {users.numel(), -1}, "known_indptr");
+  const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
+  const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
+  check_ids_below(op, users_in, indptr.numel() - 1, "users");
+  at::Tensor items = at::empty(uniform_in.sizes(), users.options());
+  const int64_t rows = uniform_in.size(0), per_row = uniform_in.size(1);
+  const int64_t* ptr = indptr.data_ptr<int64_t>();
+  const int64_t* known = indices.data_ptr<int64_t>();
+  const int64_t* user = users_in.data_ptr<int64_t>();
+  const float* u = uniform_in.data_ptr<float>();
+  int64_t* out = items.data_ptr<int64_t>();
+  std::atomic<bool> bad{false};
+  at::parallel_for(0, rows, lookup_grain(per_row * 8), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      // the rows are random users: fetch a later row's CSR entries while this one searches
+      if (b + 8 < end) prefetch(ptr + user[b + 8]);
+      if (b + 4 < end) prefetch(known + (ptr[user[b + 4]] + ptr[user[b + 4] + 1]) / 2);
+      const int64_t first = ptr[user[b]], count = ptr[user[b] + 1] - first, free = num_items - count;
+      for (int64_t k = 0; k < per_row; ++k) {
+        const float draw = u[b * per_row + k];
+        if (free <= 0 || !(draw >= 0.0f && draw < 1.0f)) {
+          bad = true;
+          out[b * per_row + k] = -1;
+        } else {
+          out[b * per_row + k] = unknown_by_rank(known + first, count, rank_of_uniform(draw, free));
+        }
+      }
+    }
+  });
+  TORCH_CHECK(!bad, op, ": uniform must lie in [0, 1) and every user must have an unknown item");
+  return items;
+}
+
+std::tuple<at::Tensor, at::Tensor> embedding_bpr_fwd_cpu(const at::Tensor& user_table, const at::Tensor& item_table,
+                                                         const at::Tensor& users, const at::Tensor& pos_items,
+                                                         const at::Tensor& neg_items) {
+  constexpr const char* op = "pnn_fast::embedding_bpr_fwd";
+  const LookupInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items);
+  check_ids_below(op, in.users, in.user_table.size(0), "users");
+  check_ids_below(op, in.pos_items, in.item_table.size(0), "pos_items");
+  check_ids_below(op, in.neg_items, in.item_table.size(0), "neg_items");
+  at::Tensor loss_out = at::empty({}, in.user_table.options());
+  at::Tensor coef = at::empty({in.rows, in.negatives}, in.user_table.options().dtype(opmath_dtype(user_table.scalar_type())));
+  PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* U = in.user_table.data_ptr<scalar_t>();
+    const scalar_t* I = in.item_table.data_ptr<scalar_t>();
+    const int64_t *user = in.users.data_ptr<int64_t>(), *pos = in.pos_items.data_ptr<int64_t>();
+    const int64_t* neg = in.neg_items.data_ptr<int64_t>();
+    const int64_t d = in.dim, K = in.negatives;
+    const acc_t pairs = acc_t(in.rows * K);
+    acc_t* c = coef.data_ptr<acc_t>();
+    std::vector<acc_t> loss(in.rows);
+    at::parallel_for(0, in.rows, lookup_grain((K + 1) * d), [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const scalar_t* u = U + user[b] * d;
+        const acc_t pos_score = dot_wide<acc_t>(u, I + pos[b] * d, d);
+        acc_t sum = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const auto term = softplus_value_grad(dot_wide<acc_t>(u, I + neg[b * K + k] * d, d) - pos_score);
+          sum += term.value;
+          c[b * K + k] = term.grad / pairs;
+        }
+        loss[b] = sum;
+      }
+    });
+    // rows summed in order, then the mean over the B * K pairs (NaN when there is none, as torch's mean)
+    acc_t total = 0;
+    for (const acc_t x : loss) total += x;
+    *loss_out.data_ptr<scalar_t>() = static_cast<scalar_t>(total / pairs);
+  });
+  return {loss_out, coef};
+}
+
+std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cpu(const at::Tensor& grad, const at::Tensor& coef,
+                                                         const at::Tensor& user_table, const at::Tensor& item_table,
+                                                         const at::Tensor& users, const at::Tensor& pos_items,
+                                                         const at::Tensor& neg_items) {
+  constexpr const char* op = "pnn_fast::embedding_bpr_bwd";
+  const LookupInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items);
+  const at::Tensor g = scalar_grad(op, in.user_table, grad);
+  const at::ScalarType acc_dtype = g.scalar_type();
+  check_tensor(op, in.user_table, coef, "coef", acc_dtype, {in.rows, in.negatives}, "user_table");
+  const at::Tensor coef_in = coef.contiguous();
+  const at::TensorOptions acc_options = in.user_table.options().dtype(acc_dtype);
+  at::Tensor grad_user = at::zeros(in.user_table.sizes(), acc_options);
+  at::Tensor grad_item = at::zeros(in.item_table.sizes(), acc_options);
+  PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* U = in.user_table.data_ptr<scalar_t>();
+    const scalar_t* I = in.item_table.data_ptr<scalar_t>();
+    const int64_t *user = in.users.data_ptr<int64_t>(), *pos = in.pos_items.data_ptr<int64_t>();
+    const int64_t* neg = in.neg_items.data_ptr<int64_t>();
+    const int64_t d = in.dim, K = in.negatives;
+    const acc_t upstream = g.item<acc_t>();
+    const acc_t* c = coef_in.data_ptr<acc_t>();
+    acc_t* gU = grad_user.data_ptr<acc_t>();
+    acc_t* gI = grad_item.data_ptr<acc_t>();
+    for_column_blocks(d, in.rows * (K + 2), [&](int64_t c0, int64_t c1) {
+      for (int64_t b = 0; b < in.rows; ++b) {
+        // d loss / d s_neg_bk = upstream * c[b, k]; d loss / d s_pos_b = -their sum
+        const scalar_t* u = U + user[b] * d;
+        acc_t* gu = gU + user[b] * d;
+        acc_t c_sum = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const scalar_t* n = I + neg[b * K + k] * d;
+          acc_t* gn = gI + neg[b * K + k] * d;
+          const acc_t ck = upstream * c[b * K + k];
+          c_sum += ck;
+          for (int64_t i = c0; i < c1; ++i) {
+            gu[i] += ck * acc_t(n[i]);
+            gn[i] += ck * acc_t(u[i]);
+          }
+        }
+        const scalar_t* p = I + pos[b] * d;
+        acc_t* gp = gI + pos[b] * d;
+        for (int64_t i = c0; i < c1; ++i) {
+          gu[i] -= c_sum * acc_t(p[i]);
+          gp[i] -= c_sum * acc_t(u[i]);
+        }
+      }
+    });
+  });
+  return {grad_user.to(in.user_table.scalar_type()), grad_item.to(in.item_table.scalar_type())};
+}
+
+at::Tensor gathered_norm_fwd_cpu(const at::Tensor& table, const at::Tensor& ids) {
+  constexpr const char* op = "pnn_fast::gathered_norm_fwd";
+  check_table(op, table, "table");
+  check_tensor(op, table, ids, "ids", at::kLong, {-1}, "table");
+  const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
+  check_ids_below(op, ids_in, rows_in.size(0), "ids");
+  const int64_t n = ids_in.numel(), d = rows_in.size(1);
+  at::Tensor norm_out = at::empty({}, table.options());
+  PNN_DISPATCH_FLOATING_TYPES(rows_in.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* T = rows_in.data_ptr<scalar_t>();
+    const int64_t* id = ids_in.data_ptr<int64_t>();
+    std::vector<acc_t> squares(n);
+    at::parallel_for(0, n, lookup_grain(d), [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) squares[b] = dot_wide<acc_t>(T + id[b] * d, T + id[b] * d, d);
+    });
+    acc_t total = 0;
+    for (const acc_t x : squares) total += x;
+    *norm_out.data_ptr<scalar_t>() = static_cast<scalar_t>(std::sqrt(total));
+  });
+  return norm_out;
+}
+
+at::Tensor gathered_norm_bwd_cpu(const at::Tensor& grad, const at::Tensor& table, const at::Tensor& ids,
+                                 const at::Tensor& output) {
+  constexpr const char* op = "pnn_fast::gathered_norm_bwd";
+  check_table(op, table, "table");
+  check_tensor(op, table, ids, "ids", at::kLong, {-1}, "table");
+  const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
+  const at::Tensor g = scalar_grad(op, rows_in, grad);
+  const at::Tensor norm = scalar_grad(op, rows_in, output);
+  at::Tensor grad_table = at::zeros(rows_in.sizes(), rows_in.options().dtype(g.scalar_type()));
+  PNN_DISPATCH_FLOATING_TYPES(rows_in.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const acc_t length = norm.item<acc_t>();
+    const acc_t coef = length > acc_t(0) ? g.item<acc_t>() / length : acc_t(0);  // torch: 0 at the origin
+    const scalar_t* T = rows_in.data_ptr<scalar_t>();
+    const int64_t* id = ids_in.data_ptr<int64_t>();
+    acc_t* gT = grad_table.data_ptr<acc_t>();
+    const int64_t n = ids_in.numel(), d = rows_in.size(1);
+    for_column_blocks(d, n, [&](int64_t c0, int64_t c1) {
+      for (int64_t b = 0; b < n; ++b) {
+        const scalar_t* row = T + id[b] * d;
+        acc_t* out = gT + id[b] * d;
+        for (int64_t i = c0; i < c1; ++i) out[i] += coef * acc_t(row[i]);
+      }
+    });
+  });
+  return grad_table.to(table.scalar_type());
+}
+
+}  // namespace
+}  // namespace pnn_fast
+
+TORCH_LIBRARY_IMPL(pnn_fast, CPU, m) {
+  m.impl("unknown_items", &pnn_fast::unknown_items_cpu);
+  m.impl("embedding_bpr_fwd", &pnn_fast::embedding_bpr_fwd_cpu);
+  m.impl("embedding_bpr_bwd", &pnn_fast::embedding_bpr_bwd_cpu);
+  m.impl("gathered_norm_fwd", &pnn_fast::gathered_norm_fwd_cpu);
+  m.impl("gathered_norm_bwd", &pnn_fast::gathered_norm_bwd_cpu);
+}

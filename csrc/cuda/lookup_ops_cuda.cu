@@ -1,0 +1,205 @@
+// The table-lookup ops on CUDA (see csrc/cpu/lookup_ops_cpu.cpp): one thread per row for the
+// per-row math of pnn_rows.h (the scores are the same sequential chains as on the CPU), one
+// thread per (row, column) for the scatter into the table gradients.  The scatter uses
+// atomicAdd into accumulation-dtype buffers, so, as torch's index_add on CUDA, the order of
+// the additions (and the last bits of a gradient) may vary from run to run.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "cuda/cuda_rows.cuh"
+
+namespace pnn_fast {
+namespace {
+
+constexpr int kLookupThreads = 256;
+
+unsigned int blocks_for(int64_t threads) {
+  return static_cast<unsigned int>((threads + kLookupThreads - 1) / kLookupThreads);
+}
+
+__global__ void unknown_items_kernel(const int64_t* indptr, const int64_t* known, const int64_t* users,
+                                     const float* uniform, int64_t* out, int64_t rows, int64_t per_row,
+                                     int64_t num_users, int64_t num_items) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= rows * per_row) return;
+  const int64_t user = users[t / per_row];
+  CUDA_KERNEL_ASSERT(user >= 0 && user < num_users);
+  const int64_t first = indptr[user], count = indptr[user + 1] - first, free = num_items - count;
+  CUDA_KERNEL_ASSERT(free > 0 && uniform[t] >= 0.0f && uniform[t] < 1.0f);
+  out[t] = unknown_by_rank(known + first, count, rank_of_uniform(uniform[t], free));
+}
+
+// Per row: the loss sum_k softplus(x_bk) and coef[b, k] = softplus'(x_bk) / (B K).
+template <typename scalar_t, typename acc_t>
+__global__ void bpr_rows_kernel(const scalar_t* U, const scalar_t* I, const int64_t* users, const int64_t* pos,
+                                const int64_t* neg, int64_t rows, int64_t K, int64_t d, int64_t num_users,
+                                int64_t num_items, acc_t* loss, acc_t* coef) {
+  const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (b >= rows) return;
+  CUDA_KERNEL_ASSERT(users[b] >= 0 && users[b] < num_users && pos[b] >= 0 && pos[b] < num_items);
+  const scalar_t* u = U + users[b] * d;
+  const acc_t pos_score = dot_wide<acc_t>(u, I + pos[b] * d, d);
+  const acc_t pairs = acc_t(rows * K);
+  acc_t sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t item = neg[b * K + k];
+    CUDA_KERNEL_ASSERT(item >= 0 && item < num_items);
+    const auto term = softplus_value_grad(dot_wide<acc_t>(u, I + item * d, d) - pos_score);
+    sum += term.value;
+    coef[b * K + k] = term.grad / pairs;
+  }
+  loss[b] = sum;
+}
+
+template <typename scalar_t, typename acc_t>
+__global__ void bpr_scatter_kernel(const scalar_t* U, const scalar_t* I, const int64_t* users, const int64_t* pos,
+                                   const int64_t* neg, int64_t rows, int64_t K, int64_t d, const acc_t* grad,
+                                   const acc_t* coef, acc_t* gU, acc_t* gI) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= rows * d) return;
+  const int64_t b = t / d, i = t % d;
+  const acc_t u = acc_t(U[users[b] * d + i]);
+  acc_t gu = 0, c_sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t item = neg[b * K + k];
+    const acc_t ck = *grad * coef[b * K + k];
+    c_sum += ck;
+    gu += ck * acc_t(I[item * d + i]);
+    atomicAdd(gI + item * d + i, ck * u);
+  }
+  gu -= c_sum * acc_t(I[pos[b] * d + i]);
+  atomicAdd(gI + pos[b] * d + i, -c_sum * u);
+  atomicAdd(gU + users[b] * d + i, gu);
+}
+
+template <typename scalar_t, typename acc_t>
+__global__ void squared_rows_kernel(const scalar_t* T, const int64_t* ids, int64_t n, int64_t d, int64_t num_rows,
+                                    acc_t* out) {
+  const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (b >= n) return;
+  CUDA_KERNEL_ASSERT(ids[b] >= 0 && ids[b] < num_rows);
+  out[b] = dot_wide<acc_t>(T + ids[b] * d, T + ids[b] * d, d);
+}
+
+template <typename scalar_t, typename acc_t>
+__global__ void norm_scatter_kernel(const scalar_t* T, const int64_t* ids, int64_t n, int64_t d, const acc_t* grad,
+                                    const acc_t* norm, acc_t* gT) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= n * d) return;
+  const acc_t coef = *norm > acc_t(0) ? *grad / *norm : acc_t(0);  // torch: 0 at the origin
+  const int64_t row = ids[t / d] * d + t % d;
+  atomicAdd(gT + row, coef * acc_t(T[row]));
+}
+
+template <typename Kernel, typename... Args>
+void launch_flat(Kernel kernel, int64_t threads, Args... args) {
+  if (threads == 0) return;
+  kernel<<<blocks_for(threads), kLookupThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(args...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor unknown_items_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
+                              const at::Tensor& uniform, int64_t num_items) {
+  constexpr const char* op = "pnn_fast::unknown_items";
+  check_tensor(op, known_indptr, known_indices, "known_indices", at::kLong, {-1}, "known_indptr");
+  check_tensor(op, known_indptr, users, "users", at::kLong, {-1}, "known_indptr");
+  check_tensor(op, known_indptr, uniform, "uniform", at::kFloat, {users.numel(), -1}, "known_indptr");
+  const c10::cuda::CUDAGuard guard(known_indptr.device());
+  const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
+  const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
+  at::Tensor items = at::empty(uniform_in.sizes(), users.options());
+  launch_flat(unknown_items_kernel, uniform_in.numel(), indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(),
+              users_in.data_ptr<int64_t>(), uniform_in.data_ptr<float>(), items.data_ptr<int64_t>(),
+              uniform_in.size(0), uniform_in.size(1), indptr.numel() - 1, num_items);
+  return items;
+}
+
+std::tuple<at::Tensor, at::Tensor> embedding_bpr_fwd_cuda(const at::Tensor& user_table, const at::Tensor& item_table,
+                                                          const at::Tensor& users, const at::Tensor& pos_items,
+                                                          const at::Tensor& neg_items) {
+  constexpr const char* op = "pnn_fast::embedding_bpr_fwd";
+  const LookupInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items);
+  const c10::cuda::CUDAGuard guard(user_table.device());
+  const at::TensorOptions acc_options = in.user_table.options().dtype(opmath_dtype(in.user_table.scalar_type()));
+  at::Tensor row_loss = at::empty({in.rows}, acc_options);
+  at::Tensor coef = at::empty({in.rows, in.negatives}, acc_options);
+  PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    launch_flat(bpr_rows_kernel<scalar_t, acc_t>, in.rows, in.user_table.data_ptr<scalar_t>(),
+                in.item_table.data_ptr<scalar_t>(), in.users.data_ptr<int64_t>(), in.pos_items.data_ptr<int64_t>(),
+                in.neg_items.data_ptr<int64_t>(), in.rows, in.negatives, in.dim, in.user_table.size(0),
+                in.item_table.size(0), row_loss.data_ptr<acc_t>(), coef.data_ptr<acc_t>());
+  });
+  return {(row_loss.sum() / double(in.rows * in.negatives)).to(in.user_table.scalar_type()), coef};
+}
+
+std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cuda(const at::Tensor& grad, const at::Tensor& coef,
+                                                          const at::Tensor& user_table, const at::Tensor& item_table,
+                                                          const at::Tensor& users, const at::Tensor& pos_items,
+                                                          const at::Tensor& neg_items) {
+  constexpr const char* op = "pnn_fast::embedding_bpr_bwd";
+  const LookupInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items);
+  const c10::cuda::CUDAGuard guard(user_table.device());
+  const at::Tensor g = scalar_grad(op, in.user_table, grad).contiguous();
+  check_tensor(op, in.user_table, coef, "coef", g.scalar_type(), {in.rows, in.negatives}, "user_table");
+  const at::Tensor coef_in = coef.contiguous();
+  const at::TensorOptions acc_options = in.user_table.options().dtype(g.scalar_type());
+  at::Tensor grad_user = at::zeros(in.user_table.sizes(), acc_options);
+  at::Tensor grad_item = at::zeros(in.item_table.sizes(), acc_options);
+  PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    launch_flat(bpr_scatter_kernel<scalar_t, acc_t>, in.rows * in.dim, in.user_table.data_ptr<scalar_t>(),
+                in.item_table.data_ptr<scalar_t>(), in.users.data_ptr<int64_t>(), in.pos_items.data_ptr<int64_t>(),
+                in.neg_items.data_ptr<int64_t>(), in.rows, in.negatives, in.dim, g.data_ptr<acc_t>(),
+                coef_in.data_ptr<acc_t>(), grad_user.data_ptr<acc_t>(), grad_item.data_ptr<acc_t>());
+  });
+  return {grad_user.to(in.user_table.scalar_type()), grad_item.to(in.item_table.scalar_type())};
+}
+
+at::Tensor gathered_norm_fwd_cuda(const at::Tensor& table, const at::Tensor& ids) {
+  constexpr const char* op = "pnn_fast::gathered_norm_fwd";
+  check_table(op, table, "table");
+  check_tensor(op, table, ids, "ids", at::kLong, {-1}, "table");
+  const c10::cuda::CUDAGuard guard(table.device());
+  const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
+  at::Tensor squares = at::empty({ids_in.numel()}, table.options().dtype(opmath_dtype(table.scalar_type())));
+  PNN_DISPATCH_FLOATING_TYPES(rows_in.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    launch_flat(squared_rows_kernel<scalar_t, acc_t>, ids_in.numel(), rows_in.data_ptr<scalar_t>(),
+                ids_in.data_ptr<int64_t>(), ids_in.numel(), rows_in.size(1), rows_in.size(0),
+                squares.data_ptr<acc_t>());
+  });
+  return squares.sum().sqrt().to(table.scalar_type());
+}
+
+at::Tensor gathered_norm_bwd_cuda(const at::Tensor& grad, const at::Tensor& table, const at::Tensor& ids,
+                                  const at::Tensor& output) {
+  constexpr const char* op = "pnn_fast::gathered_norm_bwd";
+  check_table(op, table, "table");
+  check_tensor(op, table, ids, "ids", at::kLong, {-1}, "table");
+  const c10::cuda::CUDAGuard guard(table.device());
+  const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
+  const at::Tensor g = scalar_grad(op, rows_in, grad).contiguous();
+  const at::Tensor norm = scalar_grad(op, rows_in, output).contiguous();
+  at::Tensor grad_table = at::zeros(rows_in.sizes(), rows_in.options().dtype(g.scalar_type()));
+  PNN_DISPATCH_FLOATING_TYPES(rows_in.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    launch_flat(norm_scatter_kernel<scalar_t, acc_t>, ids_in.numel() * rows_in.size(1), rows_in.data_ptr<scalar_t>(),
+                ids_in.data_ptr<int64_t>(), ids_in.numel(), rows_in.size(1), g.data_ptr<acc_t>(),
+                norm.data_ptr<acc_t>(), grad_table.data_ptr<acc_t>());
+  });
+  return grad_table.to(table.scalar_type());
+}
+
+}  // namespace
+}  // namespace pnn_fast
+
+TORCH_LIBRARY_IMPL(pnn_fast, CUDA, m) {
+  m.impl("unknown_items", &pnn_fast::unknown_items_cuda);
+  m.impl("embedding_bpr_fwd", &pnn_fast::embedding_bpr_fwd_cuda);
+  m.impl("embedding_bpr_bwd", &pnn_fast::embedding_bpr_bwd_cuda);
+  m.impl("gathered_norm_fwd", &pnn_fast::gathered_norm_fwd_cuda);
+  m.impl("gathered_norm_bwd", &pnn_fast::gathered_norm_bwd_cuda);
+}

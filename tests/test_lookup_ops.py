@@ -1,0 +1,183 @@
+"""The table-lookup ops of a training step (unknown_items, embedding_bpr, gathered_norm) against
+independent definitions, the reference backend, gradcheck, thread-count determinism and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pnn_fast import BPRLoss, KnownPositives, _extension, embedding_bpr, reference
+
+pytestmark = pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_fast._C is not built")
+
+if _extension.has_kernels("cpu"):
+    from pnn_fast import ops
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and _extension.has_kernels("cuda") else [])
+
+
+def small_known(device="cpu") -> KnownPositives:
+    """Users with no item, the first item, the last item, every item but one, and a random few."""
+    items = {0: [], 1: [0], 2: [9], 3: [0, 1, 2, 3, 4, 5, 6, 8, 9], 4: [2, 3, 7]}
+    users = [u for u, its in items.items() for _ in its]
+    flat = [i for its in items.values() for i in its]
+    return KnownPositives.from_pairs(torch.tensor(users), torch.tensor(flat), 5, 10).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_unknown_from_uniform_enumerates_the_unknown_items(device, backend):
+    known = small_known(device)
+    for user in range(5):
+        unknown = sorted(set(range(10)) - set(known.indices[known.indptr[user]:known.indptr[user + 1]].tolist()))
+        # the middle of each rank's interval, and its two ends (0 and the largest float32 below 1)
+        middle = (torch.arange(len(unknown), dtype=torch.float32) + 0.5) / len(unknown)
+        ends = torch.tensor([0.0, 1.0 - 2.0**-24])
+        uniform = torch.cat([middle, ends]).to(device)[None, :]
+        got = known.unknown_from_uniform(torch.tensor([user], device=device), uniform, backend)
+        assert got.tolist() == [unknown + [unknown[0], unknown[-1]]], (user, backend)
+
+
+def test_kernel_and_reference_samplers_agree_on_real_sizes():
+    gen = torch.Generator().manual_seed(3)
+    users = torch.randint(0, 300, (20000,), generator=gen)
+    items = torch.randint(0, 2000, (20000,), generator=gen)
+    known = KnownPositives.from_pairs(users, items, 300, 2000)
+    batch = torch.randint(0, 300, (4096,), generator=gen)
+    uniform = torch.rand(4096, 5, generator=gen)
+    fused = known.unknown_from_uniform(batch, uniform, "cpu")
+    assert torch.equal(fused, known.unknown_from_uniform(batch, uniform, "reference"))
+    assert not known.contains(batch[:, None], fused).any()
+    assert torch.equal(known.sample_unknown(batch, 3, torch.Generator().manual_seed(1), backend="cpu"),
+                       known.sample_unknown(batch, 3, torch.Generator().manual_seed(1), backend="reference"))
+
+
+def test_unknown_items_rejects_bad_draws_and_users():
+    full = KnownPositives.from_pairs(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 0]), 2, 2)  # user 0 knows all
+    with pytest.raises(RuntimeError, match="every user must have an unknown item"):
+        ops.unknown_items(full, torch.tensor([0]), torch.tensor([[0.5]]))
+    known = small_known()
+    for bad in (1.0, -0.25, float("nan")):
+        with pytest.raises(RuntimeError, match=r"uniform must lie in \[0, 1\)"):
+            ops.unknown_items(known, torch.tensor([0]), torch.tensor([[bad]]))
+    with pytest.raises(RuntimeError, match="users has ids outside"):
+        ops.unknown_items(known, torch.tensor([5]), torch.tensor([[0.0]]))
+    with pytest.raises(RuntimeError, match="uniform must be Float"):
+        ops.unknown_items(known, torch.tensor([0]), torch.tensor([[0.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        known.unknown_from_uniform(torch.tensor([0]), torch.tensor([[0.0]]), "gpu")
+
+
+def bpr_inputs(dtype=torch.float64, device="cpu", rows=64, negatives=3, seed=0):
+    """Tables and ids with many repeated users and items (so the scatter has to add up)."""
+    gen = torch.Generator().manual_seed(seed)
+    user_table = torch.randn(12, 7, generator=gen, dtype=torch.float64).to(dtype).to(device)
+    item_table = torch.randn(30, 7, generator=gen, dtype=torch.float64).to(dtype).to(device)
+    users = torch.randint(0, 12, (rows,), generator=gen).to(device)
+    pos = torch.randint(0, 30, (rows,), generator=gen).to(device)
+    neg = torch.randint(0, 30, (rows, negatives), generator=gen).to(device)
+    return user_table, item_table, users, pos, neg
+
+
+def bpr_by_loops(user_table, item_table, users, pos, neg):
+    """The definition, one (row, negative) pair at a time."""
+    terms = [F.softplus(item_table[n] @ user_table[u] - item_table[p] @ user_table[u])
+             for u, p, row in zip(users.tolist(), pos.tolist(), neg.tolist()) for n in row]
+    return torch.stack(terms).mean()
+
+
+def value_and_grads(fn, user_table, item_table, *ids):
+    u, i = user_table.clone().requires_grad_(), item_table.clone().requires_grad_()
+    value = fn(u, i, *ids)
+    value.backward()
+    return value.detach(), u.grad, i.grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("negatives", [1, 4])
+def test_embedding_bpr_matches_the_definition_float64(device, negatives):
+    inputs = bpr_inputs(device=device, negatives=negatives)
+    expected = value_and_grads(bpr_by_loops, *inputs)
+    for fn in (ops.embedding_bpr, reference.embedding_bpr):
+        for got, want in zip(value_and_grads(fn, *inputs), expected):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_bpr_float32_and_large_scores(device):
+    user_table, item_table, *ids = bpr_inputs(dtype=torch.float32, device=device, rows=300)
+    item_table = item_table * 8  # pushes some s_neg - s_pos above softplus' threshold of 20
+    got = value_and_grads(ops.embedding_bpr, user_table, item_table, *ids)
+    want = value_and_grads(reference.embedding_bpr, user_table, item_table, *ids)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_bpr_gradcheck():
+    inputs = bpr_inputs(rows=9, negatives=2)
+    tables = tuple(t.clone().requires_grad_() for t in inputs[:2])
+    assert torch.autograd.gradcheck(lambda u, i: ops.embedding_bpr(u, i, *inputs[2:]), tables)
+
+
+def test_cpu_scatter_is_the_same_for_any_thread_count():
+    user_table, item_table, users, pos, neg = bpr_inputs(dtype=torch.float32, rows=20000, negatives=2, seed=4)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            results.append(value_and_grads(ops.embedding_bpr, user_table, item_table, users, pos, neg)
+                           + value_and_grads(lambda u, i, ids: ops.gathered_norm(u, ids) + ops.gathered_norm(i, ids),
+                                             user_table, item_table[:12], users))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gathered_norm(device):
+    table = torch.randn(10, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(device)
+    ids = torch.tensor([3, 3, 0, 9, 3], device=device)
+    expected = value_and_grads(lambda t, _, i: torch.sqrt(sum((t[j] ** 2).sum() for j in i.tolist())), table, table,
+                               ids)
+    got = value_and_grads(lambda t, _, i: ops.gathered_norm(t, i), table, table, ids)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-12, atol=1e-15)
+    zero = torch.zeros(4, 3, dtype=torch.float64, device=device, requires_grad=True)
+    ops.gathered_norm(zero, torch.tensor([1, 2], device=device)).backward()
+    assert not zero.grad.any()  # torch's norm has gradient 0 at the origin, not NaN
+    assert ops.gathered_norm(table, ids[:0]).item() == 0.0
+    assert torch.autograd.gradcheck(lambda t: ops.gathered_norm(t, ids), (table.clone().requires_grad_(),))
+
+
+def test_bpr_loss_and_embedding_bpr_agree_on_every_backend():
+    user_table, item_table, users, pos, neg = bpr_inputs(dtype=torch.float32, rows=50)
+    rows = user_table[users]
+    values = [BPRLoss(backend=b)(rows, item_table, pos.int(), neg.int()) for b in ("reference", "cpu")]
+    values += [embedding_bpr(user_table, item_table, users, pos, neg, backend=b) for b in ("reference", "cpu")]
+    for value in values[1:]:
+        torch.testing.assert_close(value, values[0], rtol=1e-6, atol=0)
+    # non-contiguous tables and a [B] negative column
+    wide = torch.stack([item_table, -item_table], dim=2)[:, :, 0]  # item_table's values, stride 2
+    assert not wide.is_contiguous()
+    torch.testing.assert_close(embedding_bpr(user_table, wide, users, pos, neg[:, 0]),
+                               embedding_bpr(user_table, item_table, users, pos, neg[:, :1], backend="reference"))
+
+
+def test_embedding_bpr_bad_input_names_the_argument():
+    user_table, item_table, users, pos, neg = bpr_inputs(rows=5)
+    with pytest.raises(ValueError, match="users"):
+        embedding_bpr(user_table, item_table, users + 100, pos, neg)
+    with pytest.raises(ValueError, match="neg_items"):
+        embedding_bpr(user_table, item_table, users, pos, neg[:4])
+    with pytest.raises(ValueError, match="neg_items"):
+        embedding_bpr(user_table, item_table, users, pos, neg[:, :0])
+    with pytest.raises(TypeError, match="item_table has dtype"):
+        embedding_bpr(user_table, item_table.float(), users, pos, neg)
+    with pytest.raises(TypeError, match="pos_items must be int32 or int64"):
+        embedding_bpr(user_table, item_table, users, pos.float(), neg)
+    with pytest.raises(ValueError, match="empty"):
+        embedding_bpr(user_table, item_table, users[:0], pos[:0], neg[:0])
+    with pytest.raises(RuntimeError, match="neg_items has ids outside"):
+        torch.ops.pnn_fast.embedding_bpr_fwd(user_table, item_table, users, pos, neg - 100)
