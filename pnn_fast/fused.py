@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from . import ops
 from .known import KnownPositives
 from .ops import embedding_bpr, gathered_norm, pairwise_uniformity
-from .reference import NegSize, negative_class_size, terms_from_centroids
+from .reference import NegSize, gather_rows, negative_class_size, terms_from_centroids
 
 __all__ = ["embedding_bpr", "gathered_norm", "hard_negative_bpr", "pairwise_uniformity", "pnn_row_terms"]
 
@@ -26,9 +26,9 @@ def _bpr(user_emb, item_table, pos_items, candidates, hard):
     """(bpr, pos_emb, pos_score) given the hard negatives, as the reference computes them."""
     index = hard.clamp_min(0)
     hard_items = candidates[index] if candidates.dim() == 1 else candidates.gather(1, index[:, None]).squeeze(1)
-    pos_emb = item_table[pos_items]
+    pos_emb = gather_rows(item_table, pos_items)
     pos_score = _dot(user_emb, pos_emb)
-    hard_score = _dot(user_emb, item_table[hard_items])
+    hard_score = _dot(user_emb, gather_rows(item_table, hard_items))
     bpr = torch.where(hard >= 0, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
     return bpr, pos_emb, pos_score
 

@@ -112,9 +112,10 @@ class UserAwareAttention(nn.Module):
         # the key depends on the item only: evaluate the d x d map once per distinct history item
         hist_items, hist_of = torch.unique(items, return_inverse=True)
         keys = torch.tanh(item_table[hist_items] @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
-        logits = torch.einsum("bld,bd->bl", keys[hist_of[row_of]], user_emb).masked_fill(~mask[row_of], float("-inf"))
+        row_keys = reference.gather_rows(keys, hist_of[row_of])  # [B, L, d]
+        logits = torch.einsum("bld,bd->bl", row_keys, user_emb).masked_fill(~mask[row_of], float("-inf"))
         weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
-        pooled = torch.einsum("bl,bld->bd", weights, item_table[items[row_of]])
+        pooled = torch.einsum("bl,bld->bd", weights, reference.gather_rows(item_table, items[row_of]))
         return torch.sigmoid(pooled @ self.w1.to(pooled.dtype))
 
 

@@ -24,6 +24,13 @@ NegSize = Union[str, int]
 NORM_EPS = 1e-12
 
 
+def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """table[index] for any index shape, by index_select: its backward (index_add) adds repeated
+    rows in a fixed order, whereas advanced indexing's (index_put with accumulate) may add them
+    in any order on a multi-threaded CPU, which makes training runs irreproducible."""
+    return table.index_select(0, index.reshape(-1)).reshape(*index.shape, table.shape[-1])
+
+
 def candidate_embeddings(item_table: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     """[C, d] (shared) or [B, C, d] (per row) embeddings of the candidates."""
     return item_table[candidates]

@@ -279,6 +279,31 @@ def test_no_batch_by_batch_buffer():
     assert 0 < largest < rows * rows, f"an op allocated {largest} bytes"
 
 
+def test_fused_pnn_step_is_bitwise_reproducible_on_two_threads():
+    """The same seed gives bit-identical loss and gradients on a multi-threaded CPU: the kernels'
+    reductions have a fixed order, and the loss's own gathers use index_select (whose backward adds
+    repeated rows in order) rather than advanced indexing (whose CPU backward may add them in any order)."""
+    from pnn_fast import PNNLoss
+
+    batch = make_batch(2048, 64, dtype=torch.float32, num_users=500, num_items=3000, seed=31)
+    loss_fn = PNNLoss(batch["known"], 64, backend="cpu")
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        torch.set_num_threads(2)
+        for _ in range(3):
+            torch.manual_seed(0)  # the attention's history sample and the clamp noise
+            user_emb = batch["user_emb"].clone().requires_grad_()
+            item_table = batch["item_table"].clone().requires_grad_()
+            loss = loss_fn(user_emb, item_table, batch["users"], batch["pos_items"])
+            loss.backward()
+            results.append((loss.detach(), user_emb.grad, item_table.grad))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
 @pytest.mark.parametrize("device,mode", [("cpu", None)] + [
     pytest.param("cuda", mode, marks=[pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs CUDA kernels")])
     for mode in (None, "reduce-overhead")])

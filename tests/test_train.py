@@ -14,11 +14,10 @@ from pnn_fast.train import TrainConfig, Trainer, run
 
 
 @pytest.fixture
-def one_thread():
-    """One torch thread: the fused CPU kernels' multi-threaded reductions are not bitwise
-    run-to-run deterministic (a known issue of the kernels), and resume is what is tested."""
+def two_threads():
+    """Two torch threads, so that resume also checks that multi-threaded steps are reproducible."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(2)
     yield
     torch.set_num_threads(threads)
 
@@ -28,7 +27,7 @@ def small_data():
 
 
 @pytest.mark.parametrize("loss", ["bpr", "dns", "pnn"])
-def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path, loss, one_thread):
+def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path, loss, two_threads):
     data = small_data()
     config = dict(loss=loss, epochs=3, batch_size=256, dim=8, patience=100)
     straight = run(data, TrainConfig(**config), tmp_path / "a", progress=False, log=lambda *_: None)
