@@ -105,8 +105,10 @@ class Trainer:
     # ---- one epoch ------------------------------------------------------------------
     def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         out = self.objective(self.model, users, pos, self.generator)
-        l2 = embedding_l2(self.model, out.reg_users, out.reg_items)
-        return out.loss + self.config.reg_weight * l2 + self.model.auxiliary_loss(users, pos)
+        loss = out.loss + self.model.auxiliary_loss(users, pos)
+        if self.config.reg_weight == 0:  # RecBole's BPR has no L2 term: then nothing is gathered for it
+            return loss
+        return loss + self.config.reg_weight * embedding_l2(self.model, out.reg_users, out.reg_items)
 
     def train_epoch(self, progress: bool = True) -> float:
         from tqdm.auto import tqdm
