@@ -112,10 +112,13 @@ class UserAwareAttention(nn.Module):
         # the key depends on the item only: evaluate the d x d map once per distinct history item
         hist_items, hist_of = torch.unique(items, return_inverse=True)
         keys = torch.tanh(item_table[hist_items] @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
+        # products and sums rather than einsum: on the CPU, bmm of B tiny [L, d] x [d, 1] matrices
+        # costs several times the memory traffic of the [B, L, d] gather itself
         row_keys = reference.gather_rows(keys, hist_of[row_of])  # [B, L, d]
-        logits = torch.einsum("bld,bd->bl", row_keys, user_emb).masked_fill(~mask[row_of], float("-inf"))
+        logits = (row_keys * user_emb[:, None, :]).sum(dim=-1).masked_fill(~mask[row_of], float("-inf"))
         weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
-        pooled = torch.einsum("bl,bld->bd", weights, reference.gather_rows(item_table, items[row_of]))
+        # sum_l weights[b, l] * item_table[items[b, l]] without a [B, L, d] copy of the item rows
+        pooled = F.embedding_bag(items[row_of], item_table, mode="sum", per_sample_weights=weights)
         return torch.sigmoid(pooled @ self.w1.to(pooled.dtype))
 
 
