@@ -104,12 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _parse_pairs(option: str, pairs: list) -> dict:
-    """KEY=VALUE strings to a dict; values parsed as JSON where they are JSON (numbers, true, lists)."""
+    """KEY=VALUE strings to a dict; values parsed as JSON where they are JSON (numbers, true, lists),
+    with Python's True / False / None accepted too (a string "False" would be truthy)."""
+    python_words = {"true": True, "false": False, "none": None}
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise ValueError(f"{option} must be KEY=VALUE, got {pair!r}")
+        if value.lower() in python_words:
+            out[key] = python_words[value.lower()]
+            continue
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:

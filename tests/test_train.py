@@ -89,6 +89,13 @@ def test_cli_bad_options_give_one_line(argv, fragment, capsys):
     assert fragment in err and "\n" not in err and "Traceback" not in err
 
 
+def test_cli_key_values_parse_python_and_json_words():
+    from pnn_fast.cli import _parse_pairs
+
+    parsed = _parse_pairs("--loss-arg", ["in_batch=False", "a=true", "b=None", "c=0.5", "d=[1, 2]", "e=mean"])
+    assert parsed == {"in_batch": False, "a": True, "b": None, "c": 0.5, "d": [1, 2], "e": "mean"}
+
+
 def test_module_entry_point_trains_on_builtin_data(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "pnn_fast", "train", "--epochs", "1", "--dim", "8",
