@@ -105,7 +105,7 @@ class Trainer:
     # ---- one epoch ------------------------------------------------------------------
     def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         out = self.objective(self.model, users, pos, self.generator)
-        loss = out.loss + self.model.auxiliary_loss(users, pos)
+        loss = out.loss + self.model.auxiliary_loss(users, pos) if self.model.has_auxiliary_loss else out.loss
         if self.config.reg_weight == 0:  # RecBole's BPR has no L2 term: then nothing is gathered for it
             return loss
         return loss + self.config.reg_weight * embedding_l2(self.model, out.reg_users, out.reg_items)
@@ -119,15 +119,18 @@ class Trainer:
         self.objective.on_epoch_start(self.model, self.generator)
         n = self.train_users.numel()
         order = torch.randperm(n, generator=self.generator, device=self.device)
+        # shuffled once per epoch (two gathers), so that each batch is a pair of views
+        users, items = self.train_users[order], self.train_items[order]
         total = torch.zeros((), device=self.device)
-        starts = range(0, n, self.config.batch_size)
-        for start in tqdm(starts, desc=f"epoch {self.epoch + 1}", leave=False, disable=not progress, unit="batch"):
-            idx = order[start:start + self.config.batch_size]
-            loss = self._batch_loss(self.train_users[idx], self.train_items[idx])
+        size = self.config.batch_size
+        for start in tqdm(range(0, n, size), desc=f"epoch {self.epoch + 1}", leave=False, disable=not progress,
+                          unit="batch"):
+            batch_users, batch_items = users[start:start + size], items[start:start + size]
+            loss = self._batch_loss(batch_users, batch_items)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-            total += loss.detach() * idx.numel()
+            total.add_(loss.detach(), alpha=batch_users.numel())
         return float(total) / n  # the epoch's only host sync
 
     # ---- evaluation ----------------------------------------------------------------

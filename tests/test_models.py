@@ -248,6 +248,7 @@ def test_no_auxiliary_loss_and_noop_epoch_hook(name):
     before = [p.detach().clone() for p in model.parameters()]
     model.on_epoch_start(torch.Generator().manual_seed(0))
     assert model.auxiliary_loss(torch.tensor([0]), torch.tensor([1])).item() == 0.0
+    assert not model.has_auxiliary_loss and _build("sgl").has_auxiliary_loss  # the trainer skips the call
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 

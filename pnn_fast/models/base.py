@@ -22,6 +22,8 @@ class Recommender(nn.Module):
 
     #: RecBole yaml defaults a subclass accepts as ``build_model`` overrides.
     DEFAULTS: ClassVar[dict[str, Any]] = {}
+    #: whether :meth:`auxiliary_loss` adds anything (the trainer skips the call otherwise)
+    has_auxiliary_loss: ClassVar[bool] = False
 
     def __init__(self, num_users: int, num_items: int, embedding_size: int, reg_weight: float):
         super().__init__()

@@ -45,6 +45,7 @@ class SGL(LightGCN):
 
     DEFAULTS: ClassVar[dict] = {"n_layers": 3, "type": "ED", "drop_ratio": 0.1, "ssl_tau": 0.5, "ssl_weight": 0.05,
                                 "reg_weight": 1e-5}
+    has_auxiliary_loss: ClassVar[bool] = True
 
     def __init__(self, num_users: int, num_items: int, train_users: torch.Tensor, train_items: torch.Tensor,
                  dim: int = 64, n_layers: int = 3, type: str = "ED", drop_ratio: float = 0.1,
