@@ -139,9 +139,19 @@ PNN_HD inline int64_t rank_of_uniform(float u, int64_t free) {
   return rank < free - 1 ? rank : free - 1;
 }
 
-PNN_HD inline int64_t unknown_by_rank(const int64_t* sorted, int64_t n, int64_t rank) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
+// One search for unknown_by_rank as a state machine, so that a CPU thread can advance many
+// searches in lockstep and overlap their memory latencies (a user's row is rarely in cache).
+struct UnknownSearch {
+  const int64_t* sorted;  // the user's known items
+  int64_t rank;
+  int64_t lo, hi;         // m lies in [lo, hi]
+
+  PNN_HD UnknownSearch() : sorted(nullptr), rank(-1), lo(0), hi(0) {}
+  PNN_HD UnknownSearch(const int64_t* sorted_items, int64_t n, int64_t r)
+      : sorted(sorted_items), rank(r), lo(0), hi(n) {}
+  PNN_HD bool done() const { return lo >= hi; }
+  PNN_HD const int64_t* probe() const { return sorted + lo + (hi - lo) / 2; }
+  PNN_HD void step() {
     const int64_t mid = lo + (hi - lo) / 2;
     if (sorted[mid] - mid <= rank) {
       lo = mid + 1;
@@ -149,7 +159,13 @@ PNN_HD inline int64_t unknown_by_rank(const int64_t* sorted, int64_t n, int64_t 
       hi = mid;
     }
   }
-  return rank + lo;
+  PNN_HD int64_t item() const { return rank + lo; }
+};
+
+PNN_HD inline int64_t unknown_by_rank(const int64_t* sorted, int64_t n, int64_t rank) {
+  UnknownSearch search(sorted, n, rank);
+  while (!search.done()) search.step();
+  return search.item();
 }
 
 // ---------------------------------------------------------------------------------------------

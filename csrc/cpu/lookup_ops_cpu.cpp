@@ -40,21 +40,37 @@ at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& k
   const float* u = uniform_in.data_ptr<float>();
   int64_t* out = items.data_ptr<int64_t>();
   std::atomic<bool> bad{false};
-  at::parallel_for(0, rows, lookup_grain(per_row * 8), [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      // the rows are random users: fetch a later row's CSR entries while this one searches
-      if (b + 8 < end) prefetch(ptr + user[b + 8]);
-      if (b + 4 < end) prefetch(known + (ptr[user[b + 4]] + ptr[user[b + 4] + 1]) / 2);
-      const int64_t first = ptr[user[b]], count = ptr[user[b] + 1] - first, free = num_items - count;
-      for (int64_t k = 0; k < per_row; ++k) {
-        const float draw = u[b * per_row + k];
+  // Entries t = b * per_row + k in groups of kLockstep searches advanced together: each step of
+  // every search prefetches its next probe, so the cache misses of the group overlap.
+  constexpr int64_t kLockstep = 32;
+  at::parallel_for(0, rows * per_row, kLockstep * 64, [&](int64_t begin, int64_t end) {
+    UnknownSearch search[kLockstep];
+    for (int64_t group = begin; group < end; group += kLockstep) {
+      const int64_t size = std::min(kLockstep, end - group);
+      for (int64_t g = 0; g < size; ++g) {
+        const int64_t t = group + g, first = ptr[user[t / per_row]];
+        const int64_t count = ptr[user[t / per_row] + 1] - first, free = num_items - count;
+        const float draw = u[t];
         if (free <= 0 || !(draw >= 0.0f && draw < 1.0f)) {
           bad = true;
-          out[b * per_row + k] = -1;
-        } else {
-          out[b * per_row + k] = unknown_by_rank(known + first, count, rank_of_uniform(draw, free));
+          search[g] = UnknownSearch(known, 0, -1);  // done at once; item() is -1
+          continue;
+        }
+        search[g] = UnknownSearch(known + first, count, rank_of_uniform(draw, free));
+        if (!search[g].done()) prefetch(search[g].probe());
+      }
+      for (bool active = true; active;) {
+        active = false;
+        for (int64_t g = 0; g < size; ++g) {
+          if (search[g].done()) continue;
+          search[g].step();
+          if (!search[g].done()) {
+            prefetch(search[g].probe());
+            active = true;
+          }
         }
       }
+      for (int64_t g = 0; g < size; ++g) out[group + g] = search[g].item();
     }
   });
   TORCH_CHECK(!bad, op, ": uniform must lie in [0, 1) and every user must have an unknown item");
