@@ -192,11 +192,14 @@ class PNNLoss(nn.Module):
         terms = impl.pnn_row_terms(user_emb, item_table, users, pos_items, candidates, known,
                                    self.neg_size, noise[0], noise[1])
 
-        # L_uniform over the batch's distinct candidate items
-        x = item_table[torch.unique(candidates)]
-        if self.uniform_normalize:
-            x = F.normalize(x, dim=1, eps=reference.NORM_EPS)
-        uniform = impl.pairwise_uniformity(x, self.uniform_t)
+        # L_uniform over the batch's distinct candidate items; O(n^2 d), so skipped when its weight is 0
+        if self.beta == 0 and not return_components:
+            uniform = item_table.new_zeros(())
+        else:
+            x = item_table[torch.unique(candidates)]
+            if self.uniform_normalize:
+                x = F.normalize(x, dim=1, eps=reference.NORM_EPS)
+            uniform = impl.pairwise_uniformity(x, self.uniform_t)
 
         if self.attention is not None:
             lam = self.attention(user_emb, item_table, users, known)
