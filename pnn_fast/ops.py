@@ -9,6 +9,9 @@ float16/bfloat16 in float32).  Non-contiguous inputs are accepted.
 Per row ``b`` with user ``u`` and positive ``i``, ``U_b`` is the set of candidate indices ``j``
 whose item is neither ``i`` nor a known positive of ``u``; ``s_j`` is ``<user_emb[b], item_table[c_j]>``.
 No op allocates anything of size ``[B, C]``.
+
+The table-lookup ops of a training step (:func:`unknown_items`, :func:`embedding_bpr`,
+:func:`gathered_norm`) take whole embedding tables and ids, and return dense table gradients.
 """
 from __future__ import annotations
 
