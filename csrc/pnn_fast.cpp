@@ -66,4 +66,8 @@ TORCH_LIBRARY(pnn_fast, m) {
   m.def("gathered_norm_fwd(Tensor table, Tensor ids) -> Tensor");
   // grad_table [n, d] given the 0-dim grad and the forward's output
   m.def("gathered_norm_bwd(Tensor grad, Tensor table, Tensor ids, Tensor output) -> Tensor");
+  // [B, K]: <rows[b], table[ids[b, k]]> (the attention's logits), in rows' dtype
+  m.def("gathered_dots_fwd(Tensor rows, Tensor table, Tensor ids) -> Tensor");
+  // (grad_rows [B, d], grad_table [n, d]) given grad [B, K]
+  m.def("gathered_dots_bwd(Tensor grad, Tensor rows, Tensor table, Tensor ids) -> (Tensor, Tensor)");
 }

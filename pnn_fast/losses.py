@@ -102,20 +102,18 @@ class UserAwareAttention(nn.Module):
         return items, mask
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
-                known: KnownPositives) -> torch.Tensor:
+                known: KnownPositives, impl: ModuleType = reference) -> torch.Tensor:
         """lambda per row: float [B] in (0, 1); e_u is each row's own user embedding.
 
-        One history sample per distinct user of the batch, shared by that user's rows.
+        One history sample per distinct user of the batch, shared by that user's rows. ``impl`` is
+        the backend module (:func:`resolve_backend`) that computes the logits.
         """
         unique_users, row_of = torch.unique(users, return_inverse=True)
         items, mask = self.sample_history(known, unique_users)
         # the key depends on the item only: evaluate the d x d map once per distinct history item
         hist_items, hist_of = torch.unique(items, return_inverse=True)
         keys = torch.tanh(item_table[hist_items] @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
-        # products and sums rather than einsum: on the CPU, bmm of B tiny [L, d] x [d, 1] matrices
-        # costs several times the memory traffic of the [B, L, d] gather itself
-        row_keys = reference.gather_rows(keys, hist_of[row_of])  # [B, L, d]
-        logits = (row_keys * user_emb[:, None, :]).sum(dim=-1).masked_fill(~mask[row_of], float("-inf"))
+        logits = impl.gathered_dots(user_emb, keys, hist_of[row_of]).masked_fill(~mask[row_of], float("-inf"))
         weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
         # sum_l weights[b, l] * item_table[items[b, l]] without a [B, L, d] copy of the item rows
         pooled = F.embedding_bag(items[row_of], item_table, mode="sum", per_sample_weights=weights)
@@ -202,7 +200,7 @@ class PNNLoss(nn.Module):
             uniform = impl.pairwise_uniformity(x, self.uniform_t)
 
         if self.attention is not None:
-            lam = self.attention(user_emb, item_table, users, known)
+            lam = self.attention(user_emb, item_table, users, known, impl)
         else:
             lam = torch.full_like(terms["bpr"], self.fixed_lambda)
 

@@ -11,7 +11,8 @@ whose item is neither ``i`` nor a known positive of ``u``; ``s_j`` is ``<user_em
 No op allocates anything of size ``[B, C]``.
 
 The table-lookup ops of a training step (:func:`unknown_items`, :func:`embedding_bpr`,
-:func:`gathered_norm`) take whole embedding tables and ids, and return dense table gradients.
+:func:`gathered_norm`, :func:`gathered_dots`) take whole embedding tables and ids, and return dense
+table gradients.
 """
 from __future__ import annotations
 
@@ -164,6 +165,18 @@ def gathered_norm(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return _OPS.gathered_norm_fwd.default(table, ids.long().reshape(-1))
 
 
+def gathered_dots(rows: torch.Tensor, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``out[b, k] = <rows[b], table[ids[b, k]]>`` without a [B, K, d] copy of the gathered rows.
+
+    Args: rows: float [B, d]; table: float [n, d], same dtype; ids: int [B, K].
+    Returns: [B, K] in rows' dtype, differentiable w.r.t. ``rows`` and ``table`` (dense [n, d] gradient).
+    """
+    _extension.require_kernels(rows.device)
+    check_same("rows", rows, [("table", table)], dtype=True)
+    check_same("rows", rows, [("ids", ids)], dtype=False)
+    return _OPS.gathered_dots_fwd.default(rows, table, ids.long())
+
+
 # ---- fake implementations (shapes and dtypes for torch.compile / meta tensors)
 
 @torch.library.register_fake("pnn_fast::hard_negative_argmax")
@@ -233,6 +246,16 @@ def _(grad, table, ids, output):
     return table.new_empty(table.shape)
 
 
+@torch.library.register_fake("pnn_fast::gathered_dots_fwd")
+def _(rows, table, ids):
+    return rows.new_empty(rows.shape[0], ids.shape[1])
+
+
+@torch.library.register_fake("pnn_fast::gathered_dots_bwd")
+def _(grad, rows, table, ids):
+    return rows.new_empty(rows.shape), table.new_empty(table.shape)
+
+
 # ---- autograd: the backward ops are the only math; these functions just route tensors
 
 def _centroids_setup_context(ctx, inputs, output):
@@ -285,3 +308,15 @@ def _norm_backward(ctx, grad):
 
 torch.library.register_autograd("pnn_fast::embedding_bpr_fwd", _bpr_backward, setup_context=_bpr_setup_context)
 torch.library.register_autograd("pnn_fast::gathered_norm_fwd", _norm_backward, setup_context=_norm_setup_context)
+
+
+def _dots_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _dots_backward(ctx, grad):
+    grad_rows, grad_table = _OPS.gathered_dots_bwd.default(grad, *ctx.saved_tensors)
+    return (grad_rows if ctx.needs_input_grad[0] else None, grad_table if ctx.needs_input_grad[1] else None, None)
+
+
+torch.library.register_autograd("pnn_fast::gathered_dots_fwd", _dots_backward, setup_context=_dots_setup_context)

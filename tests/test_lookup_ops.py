@@ -181,3 +181,43 @@ def test_embedding_bpr_bad_input_names_the_argument():
         embedding_bpr(user_table, item_table, users[:0], pos[:0], neg[:0])
     with pytest.raises(RuntimeError, match="neg_items has ids outside"):
         torch.ops.pnn_fast.embedding_bpr_fwd(user_table, item_table, users, pos, neg - 100)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gathered_dots_matches_the_definition_and_gradcheck(device):
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(40, 7, dtype=torch.float64, generator=gen).to(device)
+    table = torch.randn(9, 7, dtype=torch.float64, generator=gen).to(device)
+    ids = torch.randint(0, 9, (40, 6), generator=gen).to(device)  # many repeats per table row
+
+    def by_loops(r, t, i):
+        return torch.stack([torch.stack([r[b] @ t[j] for j in i[b].tolist()]) for b in range(r.shape[0])])
+
+    expected = value_and_grads(lambda r, t, i: (by_loops(r, t, i) ** 2).sum(), rows, table, ids)
+    for fn in (ops.gathered_dots, reference.gathered_dots):
+        got = value_and_grads(lambda r, t, i: (fn(r, t, i) ** 2).sum(), rows, table, ids)
+        for g, w in zip(got, expected):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    inputs = (rows[:5].clone().requires_grad_(), table.clone().requires_grad_())
+    assert torch.autograd.gradcheck(lambda r, t: ops.gathered_dots(r, t, ids[:5]), inputs)
+    with pytest.raises(RuntimeError, match="ids has ids outside"):
+        ops.gathered_dots(rows, table, ids + 9)
+    with pytest.raises(TypeError, match="table has dtype"):
+        ops.gathered_dots(rows, table.float(), ids)
+
+
+def test_gathered_dots_gradients_do_not_depend_on_the_thread_count():
+    gen = torch.Generator().manual_seed(6)
+    rows, table = torch.randn(3000, 64, generator=gen), torch.randn(50, 64, generator=gen)
+    ids = torch.randint(0, 50, (3000, 20), generator=gen)
+    weights = torch.randn(3000, 20, generator=gen)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            results.append(value_and_grads(lambda r, t, i: (ops.gathered_dots(r, t, i) * weights).sum(), rows, table,
+                                           ids))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*results))

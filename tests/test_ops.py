@@ -145,6 +145,11 @@ def lookup_opcheck_cases(device: str):
         (torch.ops.pnn_fast.embedding_bpr_bwd.default, [grad, torch.ops.pnn_fast.embedding_bpr_fwd(*bpr)[1]] + bpr),
         (torch.ops.pnn_fast.gathered_norm_fwd.default, [item_table.clone().requires_grad_(), neg.reshape(-1)]),
         (torch.ops.pnn_fast.gathered_norm_bwd.default, [grad, item_table, neg.reshape(-1), norm]),
+        (torch.ops.pnn_fast.gathered_dots_fwd.default, [user_table[users], item_table, neg]),
+        (torch.ops.pnn_fast.gathered_dots_fwd.default, [user_table[users].requires_grad_(),
+                                                        item_table.clone().requires_grad_(), neg]),
+        (torch.ops.pnn_fast.gathered_dots_bwd.default, [torch.randn(4, 2, dtype=torch.float64, generator=gen).to(device),
+                                                        user_table[users], item_table, neg]),
     ]
 
 
@@ -154,7 +159,7 @@ def test_opcheck_every_op(device):
     assert {op.name() for op, _ in cases} == {f"pnn_fast::{name}" for name in (
         "hard_negative_argmax", "count_unlabeled", "bottom_k_select", "class_centroids_fwd", "class_centroids_bwd",
         "pairwise_uniformity_fwd", "pairwise_uniformity_bwd", "unknown_items", "embedding_bpr_fwd",
-        "embedding_bpr_bwd", "gathered_norm_fwd", "gathered_norm_bwd")}
+        "embedding_bpr_bwd", "gathered_norm_fwd", "gathered_norm_bwd", "gathered_dots_fwd", "gathered_dots_bwd")}
     for op, args in cases:
         torch.library.opcheck(op, args)
 

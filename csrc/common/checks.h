@@ -124,6 +124,14 @@ inline LookupInputs prepare_embedding_bpr(const char* op, const at::Tensor& user
   return in;
 }
 
+// rows [B, d] and table [n, d] of one floating dtype and device, ids int64 [B, K].
+inline void check_gathered_dots(const char* op, const at::Tensor& rows, const at::Tensor& table,
+                                const at::Tensor& ids) {
+  check_table(op, rows, "rows");
+  check_tensor(op, rows, table, "table", rows.scalar_type(), {-1, rows.size(1)}, "rows");
+  check_tensor(op, rows, ids, "ids", at::kLong, {rows.size(0), -1}, "rows");
+}
+
 // The 0-dim upstream gradient of a scalar loss, on the device of `ref`, in the accumulation dtype.
 inline at::Tensor scalar_grad(const char* op, const at::Tensor& ref, const at::Tensor& grad) {
   check_same_device(op, ref, "the inputs", grad, "grad");
