@@ -21,7 +21,9 @@ namespace pnn_fast {
 namespace {
 
 // Rows per task of the per-row loops: about 16K multiply-adds each.
-int64_t lookup_grain(int64_t per_row) { return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, per_row)); }
+int64_t lookup_grain(int64_t per_row) {
+  return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, per_row));
+}
 
 at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                              const at::Tensor& uniform, int64_t num_items) {
@@ -86,7 +88,8 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_fwd_cpu(const at::Tensor& user_
   check_ids_below(op, in.pos_items, in.item_table.size(0), "pos_items");
   check_ids_below(op, in.neg_items, in.item_table.size(0), "neg_items");
   at::Tensor loss_out = at::empty({}, in.user_table.options());
-  at::Tensor coef = at::empty({in.rows, in.negatives}, in.user_table.options().dtype(opmath_dtype(user_table.scalar_type())));
+  const at::ScalarType acc_dtype = opmath_dtype(in.user_table.scalar_type());
+  at::Tensor coef = at::empty({in.rows, in.negatives}, in.user_table.options().dtype(acc_dtype));
   PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* U = in.user_table.data_ptr<scalar_t>();
@@ -235,7 +238,9 @@ at::Tensor gathered_dots_fwd_cpu(const at::Tensor& rows, const at::Tensor& table
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, B, lookup_grain(K * d), [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        for (int64_t k = 0; k < K; ++k) o[b * K + k] = static_cast<scalar_t>(dot_wide<acc_t>(r + b * d, t + ix[b * K + k] * d, d));
+        for (int64_t k = 0; k < K; ++k) {
+          o[b * K + k] = static_cast<scalar_t>(dot_wide<acc_t>(r + b * d, t + ix[b * K + k] * d, d));
+        }
       }
     });
   });
