@@ -124,6 +124,39 @@ inline LookupInputs prepare_embedding_bpr(const char* op, const at::Tensor& user
   return in;
 }
 
+// known_indptr / known_indices int64 CSR, users int64 [B], uniform float32 [B, K], on one device.
+inline void check_unknown_items(const char* op, const at::Tensor& known_indptr, const at::Tensor& known_indices,
+                                const at::Tensor& users, const at::Tensor& uniform) {
+  check_tensor(op, known_indptr, known_indices, "known_indices", at::kLong, {-1}, "known_indptr");
+  check_tensor(op, known_indptr, users, "users", at::kLong, {-1}, "known_indptr");
+  check_tensor(op, known_indptr, uniform, "uniform", at::kFloat, {users.numel(), -1}, "known_indptr");
+}
+
+// table float [n, d], ids int64 [m], on one device.
+inline void check_gathered_norm(const char* op, const at::Tensor& table, const at::Tensor& ids) {
+  check_table(op, table, "table");
+  check_tensor(op, table, ids, "ids", at::kLong, {-1}, "table");
+}
+
+// Raw pointers and sizes of checked embedding_bpr inputs, for the kernels of both backends.
+template <typename scalar_t>
+struct BprBatch {
+  const scalar_t* user_table;  // [U, d]
+  const scalar_t* item_table;  // [I, d]
+  const int64_t* users;        // [B]
+  const int64_t* pos_items;    // [B]
+  const int64_t* neg_items;    // [B, K]
+  int64_t rows, negatives, dim, num_users, num_items;
+};
+
+template <typename scalar_t>
+BprBatch<scalar_t> bpr_batch(const LookupInputs& in) {
+  return {in.user_table.data_ptr<scalar_t>(), in.item_table.data_ptr<scalar_t>(), in.users.data_ptr<int64_t>(),
+          in.pos_items.data_ptr<int64_t>(),  in.neg_items.data_ptr<int64_t>(),  in.rows,
+          in.negatives,                      in.dim,                            in.user_table.size(0),
+          in.item_table.size(0)};
+}
+
 // rows [B, d] and table [n, d] of one floating dtype and device, ids int64 [B, K].
 inline void check_gathered_dots(const char* op, const at::Tensor& rows, const at::Tensor& table,
                                 const at::Tensor& ids) {

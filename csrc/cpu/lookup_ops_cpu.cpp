@@ -28,9 +28,7 @@ int64_t lookup_grain(int64_t per_row) {
 at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                              const at::Tensor& uniform, int64_t num_items) {
   constexpr const char* op = "pnn_fast::unknown_items";
-  check_tensor(op, known_indptr, known_indices, "known_indices", at::kLong, {-1}, "known_indptr");
-  check_tensor(op, known_indptr, users, "users", at::kLong, {-1}, "known_indptr");
-  check_tensor(op, known_indptr, uniform, "uniform", at::kFloat, {users.numel(), -1}, "known_indptr");
+  check_unknown_items(op, known_indptr, known_indices, users, uniform);
   const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
   const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
   check_ids_below(op, users_in, indptr.numel() - 1, "users");
@@ -92,11 +90,10 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_fwd_cpu(const at::Tensor& user_
   at::Tensor coef = at::empty({in.rows, in.negatives}, in.user_table.options().dtype(acc_dtype));
   PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* U = in.user_table.data_ptr<scalar_t>();
-    const scalar_t* I = in.item_table.data_ptr<scalar_t>();
-    const int64_t *user = in.users.data_ptr<int64_t>(), *pos = in.pos_items.data_ptr<int64_t>();
-    const int64_t* neg = in.neg_items.data_ptr<int64_t>();
-    const int64_t d = in.dim, K = in.negatives;
+    const BprBatch<scalar_t> batch = bpr_batch<scalar_t>(in);
+    const scalar_t *U = batch.user_table, *I = batch.item_table;
+    const int64_t *user = batch.users, *pos = batch.pos_items, *neg = batch.neg_items;
+    const int64_t d = batch.dim, K = batch.negatives;
     const acc_t pairs = acc_t(in.rows * K);
     acc_t* c = coef.data_ptr<acc_t>();
     std::vector<acc_t> loss(in.rows);
@@ -136,11 +133,10 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cpu(const at::Tensor& grad,
   at::Tensor grad_item = at::zeros(in.item_table.sizes(), acc_options);
   PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* U = in.user_table.data_ptr<scalar_t>();
-    const scalar_t* I = in.item_table.data_ptr<scalar_t>();
-    const int64_t *user = in.users.data_ptr<int64_t>(), *pos = in.pos_items.data_ptr<int64_t>();
-    const int64_t* neg = in.neg_items.data_ptr<int64_t>();
-    const int64_t d = in.dim, K = in.negatives;
+    const BprBatch<scalar_t> batch = bpr_batch<scalar_t>(in);
+    const scalar_t *U = batch.user_table, *I = batch.item_table;
+    const int64_t *user = batch.users, *pos = batch.pos_items, *neg = batch.neg_items;
+    const int64_t d = batch.dim, K = batch.negatives;
     const acc_t upstream = g.item<acc_t>();
     const acc_t* c = coef_in.data_ptr<acc_t>();
     acc_t* gU = grad_user.data_ptr<acc_t>();
@@ -175,8 +171,7 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cpu(const at::Tensor& grad,
 
 at::Tensor gathered_norm_fwd_cpu(const at::Tensor& table, const at::Tensor& ids) {
   constexpr const char* op = "pnn_fast::gathered_norm_fwd";
-  check_table(op, table, "table");
-  check_tensor(op, table, ids, "ids", at::kLong, {-1}, "table");
+  check_gathered_norm(op, table, ids);
   const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
   check_ids_below(op, ids_in, rows_in.size(0), "ids");
   const int64_t n = ids_in.numel(), d = rows_in.size(1);
@@ -199,8 +194,7 @@ at::Tensor gathered_norm_fwd_cpu(const at::Tensor& table, const at::Tensor& ids)
 at::Tensor gathered_norm_bwd_cpu(const at::Tensor& grad, const at::Tensor& table, const at::Tensor& ids,
                                  const at::Tensor& output) {
   constexpr const char* op = "pnn_fast::gathered_norm_bwd";
-  check_table(op, table, "table");
-  check_tensor(op, table, ids, "ids", at::kLong, {-1}, "table");
+  check_gathered_norm(op, table, ids);
   const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
   const at::Tensor g = scalar_grad(op, rows_in, grad);
   const at::Tensor norm = scalar_grad(op, rows_in, output);

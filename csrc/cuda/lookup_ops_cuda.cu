@@ -33,12 +33,13 @@ __global__ void unknown_items_kernel(const int64_t* indptr, const int64_t* known
 
 // Per row: the loss sum_k softplus(x_bk) and coef[b, k] = softplus'(x_bk) / (B K).
 template <typename scalar_t, typename acc_t>
-__global__ void bpr_rows_kernel(const scalar_t* U, const scalar_t* I, const int64_t* users, const int64_t* pos,
-                                const int64_t* neg, int64_t rows, int64_t K, int64_t d, int64_t num_users,
-                                int64_t num_items, acc_t* loss, acc_t* coef) {
+__global__ void bpr_rows_kernel(BprBatch<scalar_t> batch, acc_t* loss, acc_t* coef) {
+  const scalar_t *U = batch.user_table, *I = batch.item_table;
+  const int64_t *users = batch.users, *pos = batch.pos_items, *neg = batch.neg_items;
+  const int64_t rows = batch.rows, K = batch.negatives, d = batch.dim, num_items = batch.num_items;
   const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (b >= rows) return;
-  CUDA_KERNEL_ASSERT(users[b] >= 0 && users[b] < num_users && pos[b] >= 0 && pos[b] < num_items);
+  CUDA_KERNEL_ASSERT(users[b] >= 0 && users[b] < batch.num_users && pos[b] >= 0 && pos[b] < num_items);
   const scalar_t* u = U + users[b] * d;
   const acc_t pos_score = dot_wide<acc_t>(u, I + pos[b] * d, d);
   const acc_t pairs = acc_t(rows * K);
@@ -54,9 +55,11 @@ __global__ void bpr_rows_kernel(const scalar_t* U, const scalar_t* I, const int6
 }
 
 template <typename scalar_t, typename acc_t>
-__global__ void bpr_scatter_kernel(const scalar_t* U, const scalar_t* I, const int64_t* users, const int64_t* pos,
-                                   const int64_t* neg, int64_t rows, int64_t K, int64_t d, const acc_t* grad,
-                                   const acc_t* coef, acc_t* gU, acc_t* gI) {
+__global__ void bpr_scatter_kernel(BprBatch<scalar_t> batch, const acc_t* grad, const acc_t* coef, acc_t* gU,
+                                   acc_t* gI) {
+  const scalar_t *U = batch.user_table, *I = batch.item_table;
+  const int64_t *users = batch.users, *pos = batch.pos_items, *neg = batch.neg_items;
+  const int64_t rows = batch.rows, K = batch.negatives, d = batch.dim;
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= rows * d) return;
   const int64_t b = t / d, i = t % d;
@@ -130,9 +133,7 @@ void launch_flat(Kernel kernel, int64_t threads, Args... args) {
 at::Tensor unknown_items_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                               const at::Tensor& uniform, int64_t num_items) {
   constexpr const char* op = "pnn_fast::unknown_items";
-  check_tensor(op, known_indptr, known_indices, "known_indices", at::kLong, {-1}, "known_indptr");
-  check_tensor(op, known_indptr, users, "users", at::kLong, {-1}, "known_indptr");
-  check_tensor(op, known_indptr, uniform, "uniform", at::kFloat, {users.numel(), -1}, "known_indptr");
+  check_unknown_items(op, known_indptr, known_indices, users, uniform);
   const c10::cuda::CUDAGuard guard(known_indptr.device());
   const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
   const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
@@ -154,10 +155,8 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_fwd_cuda(const at::Tensor& user
   at::Tensor coef = at::empty({in.rows, in.negatives}, acc_options);
   PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    launch_flat(bpr_rows_kernel<scalar_t, acc_t>, in.rows, in.user_table.data_ptr<scalar_t>(),
-                in.item_table.data_ptr<scalar_t>(), in.users.data_ptr<int64_t>(), in.pos_items.data_ptr<int64_t>(),
-                in.neg_items.data_ptr<int64_t>(), in.rows, in.negatives, in.dim, in.user_table.size(0),
-                in.item_table.size(0), row_loss.data_ptr<acc_t>(), coef.data_ptr<acc_t>());
+    launch_flat(bpr_rows_kernel<scalar_t, acc_t>, in.rows, bpr_batch<scalar_t>(in), row_loss.data_ptr<acc_t>(),
+                coef.data_ptr<acc_t>());
   });
   return {(row_loss.sum() / double(in.rows * in.negatives)).to(in.user_table.scalar_type()), coef};
 }
@@ -177,9 +176,7 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cuda(const at::Tensor& grad
   at::Tensor grad_item = at::zeros(in.item_table.sizes(), acc_options);
   PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    launch_flat(bpr_scatter_kernel<scalar_t, acc_t>, in.rows * in.dim, in.user_table.data_ptr<scalar_t>(),
-                in.item_table.data_ptr<scalar_t>(), in.users.data_ptr<int64_t>(), in.pos_items.data_ptr<int64_t>(),
-                in.neg_items.data_ptr<int64_t>(), in.rows, in.negatives, in.dim, g.data_ptr<acc_t>(),
+    launch_flat(bpr_scatter_kernel<scalar_t, acc_t>, in.rows * in.dim, bpr_batch<scalar_t>(in), g.data_ptr<acc_t>(),
                 coef_in.data_ptr<acc_t>(), grad_user.data_ptr<acc_t>(), grad_item.data_ptr<acc_t>());
   });
   return {grad_user.to(in.user_table.scalar_type()), grad_item.to(in.item_table.scalar_type())};
@@ -187,8 +184,7 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cuda(const at::Tensor& grad
 
 at::Tensor gathered_norm_fwd_cuda(const at::Tensor& table, const at::Tensor& ids) {
   constexpr const char* op = "pnn_fast::gathered_norm_fwd";
-  check_table(op, table, "table");
-  check_tensor(op, table, ids, "ids", at::kLong, {-1}, "table");
+  check_gathered_norm(op, table, ids);
   const c10::cuda::CUDAGuard guard(table.device());
   const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
   at::Tensor squares = at::empty({ids_in.numel()}, table.options().dtype(opmath_dtype(table.scalar_type())));
@@ -204,8 +200,7 @@ at::Tensor gathered_norm_fwd_cuda(const at::Tensor& table, const at::Tensor& ids
 at::Tensor gathered_norm_bwd_cuda(const at::Tensor& grad, const at::Tensor& table, const at::Tensor& ids,
                                   const at::Tensor& output) {
   constexpr const char* op = "pnn_fast::gathered_norm_bwd";
-  check_table(op, table, "table");
-  check_tensor(op, table, ids, "ids", at::kLong, {-1}, "table");
+  check_gathered_norm(op, table, ids);
   const c10::cuda::CUDAGuard guard(table.device());
   const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
   const at::Tensor g = scalar_grad(op, rows_in, grad).contiguous();
