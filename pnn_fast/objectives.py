@@ -29,11 +29,30 @@ def register(name: str):
 
 
 class BatchLoss(NamedTuple):
-    """An objective's output: the loss and the (user, item) rows its L2 term covers."""
+    """An objective's output: the loss and the (user, item) pairs its L2 term covers.
+
+    The L2 term covers each user with its positive and with each of its ``neg_items`` (int [B] or
+    [B, K]; None when the term covers the positives only). The flat rows are built only on demand
+    (:attr:`reg_users`, :attr:`reg_items`), so a run without L2 never copies them.
+    """
 
     loss: torch.Tensor
-    reg_users: torch.Tensor
-    reg_items: torch.Tensor
+    users: torch.Tensor
+    pos_items: torch.Tensor
+    neg_items: torch.Tensor | None = None
+
+    @property
+    def reg_users(self) -> torch.Tensor:
+        """int [B (1 + K)]: ``users`` once for the positives, then once per negative column."""
+        k = 0 if self.neg_items is None else self.neg_items.reshape(self.users.numel(), -1).shape[1]
+        return self.users.repeat(k + 1)
+
+    @property
+    def reg_items(self) -> torch.Tensor:
+        """int [B (1 + K)]: the positives, then the negatives column by column (aligned with :attr:`reg_users`)."""
+        if self.neg_items is None:
+            return self.pos_items
+        return torch.cat([self.pos_items, self.neg_items.reshape(self.users.numel(), -1).T.reshape(-1)])
 
 
 class Objective(nn.Module):
@@ -75,7 +94,7 @@ class BPRObjective(Objective):
         user_table, item_table = model.embeddings()
         neg = self.known.sample_unknown(users, int(self.args["num_negatives"]), generator)
         loss = embedding_bpr(user_table, item_table, users, pos_items, neg, backend=self.args["backend"], validate=False)
-        return BatchLoss(loss, users.repeat(neg.shape[1] + 1), torch.cat([pos_items, neg.T.reshape(-1)]))
+        return BatchLoss(loss, users, pos_items, neg)
 
 
 @register("dns")

@@ -128,3 +128,17 @@ def test_compare_always_includes_bpr_dns_pnn(tmp_path, capsys):
     assert code == 0
     table = (tmp_path / "comparison.md").read_text()
     assert all(f"| {loss} |" in table for loss in ("bpr", "dns", "pnn"))
+
+
+def test_batch_loss_l2_rows_pair_each_user_with_its_positive_and_negatives():
+    from pnn_fast.objectives import BatchLoss
+
+    users, pos = torch.tensor([7, 3]), torch.tensor([10, 11])
+    neg = torch.tensor([[20, 21, 22], [30, 31, 32]])
+    out = BatchLoss(torch.zeros(()), users, pos, neg)
+    pairs = sorted(zip(out.reg_users.tolist(), out.reg_items.tolist()))
+    assert pairs == sorted([(7, 10), (3, 11), (7, 20), (7, 21), (7, 22), (3, 30), (3, 31), (3, 32)])
+    one = BatchLoss(torch.zeros(()), users, pos, torch.tensor([40, 41]))  # one negative per row, as [B]
+    assert one.reg_users.tolist() == [7, 3, 7, 3] and one.reg_items.tolist() == [10, 11, 40, 41]
+    only_pos = BatchLoss(torch.zeros(()), users, pos)
+    assert only_pos.reg_users.tolist() == [7, 3] and only_pos.reg_items.tolist() == [10, 11]

@@ -109,4 +109,4 @@ class ANSObjective(Objective):
                            dtype=item_table.dtype)
         loss = self.combine(self.batch_terms(user_table, item_table, users, pos_items, neg, noise))
         # the official L2 covers the user, the positive and all M candidates
-        return BatchLoss(loss, users.repeat(neg.shape[1] + 1), torch.cat([pos_items, neg.T.reshape(-1)]))
+        return BatchLoss(loss, users, pos_items, neg)

@@ -115,4 +115,4 @@ class MixGCFObjective(Objective):
         user_rows = pool_layers([layer[users] for layer in user_layers], pool)
         pos_rows = pool_layers([layer[pos_items] for layer in item_layers], pool)
         loss = mixgcf_loss(user_rows, pos_rows, negatives)
-        return BatchLoss(loss, users.repeat(k + 1), torch.cat([pos_items, first_choice.T.reshape(-1)]))
+        return BatchLoss(loss, users, pos_items, first_choice)

@@ -191,7 +191,7 @@ class SRNSObjective(Objective):
         pos = (user_rows * item_table[pos_items]).sum(-1)
         neg = (user_rows * item_table[neg_items]).sum(-1)
         loss = F.softplus(neg - pos).mean()
-        return BatchLoss(loss, users.repeat(2), torch.cat([pos_items, neg_items]))
+        return BatchLoss(loss, users, pos_items, neg_items)
 
     def _refresh(self, user_rows, item_table, users, memory, generator) -> None:
         """Each batch user's memory becomes S1 draws (no replacement) from memory + S2 fresh items,

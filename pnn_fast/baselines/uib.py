@@ -87,4 +87,4 @@ class UIBObjective(Objective):
         user_table, item_table = model.embeddings()
         neg = self.known.sample_unknown(users, int(self.args["num_negatives"]), generator)
         loss = self.batch_loss(user_table, item_table, users, pos_items, neg, generator)
-        return BatchLoss(loss, users.repeat(neg.shape[1] + 1), torch.cat([pos_items, neg.T.reshape(-1)]))
+        return BatchLoss(loss, users, pos_items, neg)
