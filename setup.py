@@ -78,7 +78,7 @@ ABI3_TAG = f"cp3{int((LIMITED_API or '0x03090000')[4:6], 16)}"
 # AVX2 vectors of cpu/simd.h only cross inlined calls
 cxx_flags = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off", "-Wno-psabi"] + openmp_flags() + defines
 nvcc_flags = (["-O0", "-g", "-lineinfo"] if DEBUG else ["-O3"]) + defines
-sources = relative_sources("csrc/pnn_fast.cpp") + relative_sources("csrc/cpu/*.cpp")
+sources = relative_sources("csrc/*.cpp") + relative_sources("csrc/cpu/*.cpp")
 if WITH_CUDA:
     sources += relative_sources("csrc/cuda/*.cu")
 extension_type = CUDAExtension if WITH_CUDA else CppExtension

@@ -1,6 +1,7 @@
 // The pnn_fast operator library: every schema, registered once.  The kernels are registered per
 // backend by csrc/cpu/*_cpu.cpp (TORCH_LIBRARY_IMPL CPU) and csrc/cuda/*_cuda.cu (CUDA); fake
-// (meta) implementations and autograd are registered from Python in pnn_fast/ops.py.
+// (meta) implementations and most autograd are registered from Python in pnn_fast/ops.py; the
+// autograd of the two ops on every BPR step is in csrc/autograd.cpp.
 //
 // Shapes: B rows, C candidates, d embedding size, I items, n points; ids are int64.  The
 // thresholds are in the accumulation dtype (float32 for float16/bfloat16/float32 inputs).

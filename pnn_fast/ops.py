@@ -287,27 +287,8 @@ torch.library.register_autograd("pnn_fast::pairwise_uniformity_fwd", _uniformity
                                 setup_context=_uniformity_setup_context)
 
 
-def _bpr_setup_context(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(output[1], *inputs)
-
-
-def _bpr_backward(ctx, grad, _):
-    grad_user, grad_item = _OPS.embedding_bpr_bwd.default(grad, *ctx.saved_tensors)
-    return (grad_user if ctx.needs_input_grad[0] else None, grad_item if ctx.needs_input_grad[1] else None,
-            None, None, None)
-
-
-def _norm_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs, output)
-
-
-def _norm_backward(ctx, grad):
-    return _OPS.gathered_norm_bwd.default(grad, *ctx.saved_tensors), None
-
-
-torch.library.register_autograd("pnn_fast::embedding_bpr_fwd", _bpr_backward, setup_context=_bpr_setup_context)
-torch.library.register_autograd("pnn_fast::gathered_norm_fwd", _norm_backward, setup_context=_norm_setup_context)
+# embedding_bpr_fwd and gathered_norm_fwd: autograd in C++ (csrc/autograd.cpp), as they run on every
+# BPR step, where the Python route would cost about a tenth of the step
 
 
 def _dots_setup_context(ctx, inputs, output):

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch.optim.adam import adam as functional_adam
 
 from . import __version__, build_info
 from .data import Dataset
@@ -74,6 +75,46 @@ def embedding_l2(model: Recommender, users: torch.Tensor, items: torch.Tensor, b
             + impl.gathered_norm(model.item_embedding.weight, items)) / users.numel()
 
 
+class LeanAdamStep:
+    """``zero_grad(set_to_none=True)`` and ``step()`` of a fused, single-group ``torch.optim.Adam``
+    (the trainer's), with the same arithmetic and state but less Python per call.
+
+    ``Optimizer.step`` wraps the fused kernel in per-call Python (a profiler range, hooks, lazy
+    state initialisation, grouping by device) that took 8% of a BPR-MF step on ML-1M. Once every
+    parameter has its state and a gradient, :meth:`step` calls torch's functional Adam
+    (``torch.optim.adam.adam``, where ``Adam.step`` itself ends) on the optimizer's own state
+    tensors, so ``optimizer.state_dict()`` and checkpoints are unchanged. Otherwise (the first
+    step, a parameter without a gradient, an optimizer with other options) it calls
+    ``optimizer.step()``.
+    """
+
+    def __init__(self, optimizer: torch.optim.Adam):
+        self.optimizer = optimizer
+        group = optimizer.param_groups[0]
+        self.lean = (len(optimizer.param_groups) == 1 and bool(group["fused"]) and not group["amsgrad"]
+                     and not group["capturable"] and not group["differentiable"]
+                     and not group.get("decoupled_weight_decay", False))
+
+    def zero_grad(self) -> None:
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
+    def step(self) -> None:
+        group = self.optimizer.param_groups[0]
+        params = group["params"]
+        grads = [p.grad for p in params]
+        states = [self.optimizer.state.get(p) for p in params]
+        if not self.lean or any(g is None for g in grads) or not all(states):
+            self.optimizer.step()
+            return
+        beta1, beta2 = group["betas"]
+        functional_adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
+                        [s["step"] for s in states], fused=True, amsgrad=False, beta1=beta1, beta2=beta2,
+                        lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                        maximize=group["maximize"])
+
+
 class Trainer:
     """Trains ``config.model`` with ``config.loss`` on ``data``; results and checkpoints go to ``out_dir``."""
 
@@ -98,6 +139,7 @@ class Trainer:
         # times cheaper on the full embedding tables that every step updates
         fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
         self.optimizer = torch.optim.Adam(params, lr=config.lr, fused=fused)
+        self.adam = LeanAdamStep(self.optimizer)
         self.history: list[dict] = []
         self.best = {"epoch": -1, "score": -math.inf, "state": None}
         self.epoch = 0
@@ -127,9 +169,9 @@ class Trainer:
                           unit="batch"):
             batch_users, batch_items = users[start:start + size], items[start:start + size]
             loss = self._batch_loss(batch_users, batch_items)
-            self.optimizer.zero_grad(set_to_none=True)
+            self.adam.zero_grad()
             loss.backward()
-            self.optimizer.step()
+            self.adam.step()
             total.add_(loss.detach(), alpha=batch_users.numel())
         return float(total) / n  # the epoch's only host sync
 

@@ -142,3 +142,36 @@ def test_batch_loss_l2_rows_pair_each_user_with_its_positive_and_negatives():
     assert one.reg_users.tolist() == [7, 3, 7, 3] and one.reg_items.tolist() == [10, 11, 40, 41]
     only_pos = BatchLoss(torch.zeros(()), users, pos)
     assert only_pos.reg_users.tolist() == [7, 3] and only_pos.reg_items.tolist() == [10, 11]
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_lean_adam_step_equals_optimizer_step(weight_decay):
+    from pnn_fast.train import LeanAdamStep
+
+    def run(lean: bool):
+        gen = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(50, 8, generator=gen)), torch.nn.Parameter(torch.randn(7, generator=gen))]
+        opt = torch.optim.Adam(params, lr=0.01, weight_decay=weight_decay, fused=True)
+        stepper = LeanAdamStep(opt)
+        full_steps = []
+        full_step = opt.step
+        opt.step = lambda: (full_steps.append(1), full_step())  # counts the calls that take the full route
+        for step in range(5):
+            (stepper.zero_grad if lean else lambda: opt.zero_grad(set_to_none=True))()
+            loss = (params[0] ** 3).sum() + (params[1].sin() * torch.arange(7.0)).sum()
+            if step != 2:  # one step where a parameter has no gradient: that one keeps its value
+                loss = loss + params[1].sum()
+            else:
+                loss = (params[0] ** 3).sum()
+            loss.backward()
+            (stepper.step if lean else opt.step)()
+        return params, opt.state_dict(), len(full_steps)
+
+    (p_lean, s_lean, full_lean), (p_ref, s_ref, full_ref) = run(True), run(False)
+    assert (full_lean, full_ref) == (2, 5)  # the lean route skips all but the first step and the one without a grad
+    assert LeanAdamStep(torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], fused=True)).lean
+    for a, b in zip(p_lean, p_ref):
+        assert torch.equal(a, b)
+    for key in s_ref["state"]:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(s_lean["state"][key][name], s_ref["state"][key][name]), (key, name)
