@@ -23,41 +23,45 @@ c10::TypedOperatorHandle<Signature> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-using BprFwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                   const at::Tensor&, const at::Tensor&);
+using BprFwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                               const at::Tensor&, const at::Tensor&,
+                                                               const at::Tensor&, double);
 using BprBwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                    const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                   const at::Tensor&);
+                                                   const at::Tensor&, const at::Tensor&, double);
 
-// (loss, coef) = embedding_bpr_fwd(user_table, item_table, users, pos_items, neg_items); coef is
-// not differentiable.  Backward: (grad_user_table, grad_item_table, None, None, None).
+// (loss, coef, norms) = embedding_bpr_fwd(user_table, item_table, users, pos_items, neg_items,
+// reg_weight); coef and norms are not differentiable.  Backward: (grad_user_table,
+// grad_item_table, None, None, None, None).
 class EmbeddingBprFunction : public torch::autograd::Function<EmbeddingBprFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& user_table, const at::Tensor& item_table,
-                               const at::Tensor& users, const at::Tensor& pos_items, const at::Tensor& neg_items) {
+                               const at::Tensor& users, const at::Tensor& pos_items, const at::Tensor& neg_items,
+                               double reg_weight) {
     static const auto fwd = find_op<BprFwd>("pnn_fast::embedding_bpr_fwd");
     at::AutoDispatchBelowADInplaceOrView below;  // to the backend kernel, not back into this one
-    auto [loss, coef] = fwd.call(user_table, item_table, users, pos_items, neg_items);
-    ctx->mark_non_differentiable({coef});
-    ctx->save_for_backward({coef, user_table, item_table, users, pos_items, neg_items});
-    return {loss, coef};
+    auto [loss, coef, norms] = fwd.call(user_table, item_table, users, pos_items, neg_items, reg_weight);
+    ctx->mark_non_differentiable({coef, norms});
+    ctx->save_for_backward({coef, norms, user_table, item_table, users, pos_items, neg_items});
+    ctx->saved_data["reg_weight"] = reg_weight;
+    return {loss, coef, norms};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static const auto bwd = find_op<BprBwd>("pnn_fast::embedding_bpr_bwd");
     const variable_list saved = ctx->get_saved_variables();
-    auto [grad_user, grad_item] = bwd.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5]);
+    auto [grad_user, grad_item] = bwd.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5],
+                                           saved[6], ctx->saved_data["reg_weight"].toDouble());
     return {ctx->needs_input_grad(0) ? grad_user : at::Tensor(), ctx->needs_input_grad(1) ? grad_item : at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-std::tuple<at::Tensor, at::Tensor> embedding_bpr_fwd_autograd(const at::Tensor& user_table,
-                                                              const at::Tensor& item_table, const at::Tensor& users,
-                                                              const at::Tensor& pos_items,
-                                                              const at::Tensor& neg_items) {
-  variable_list out = EmbeddingBprFunction::apply(user_table, item_table, users, pos_items, neg_items);
-  return {out[0], out[1]};
+std::tuple<at::Tensor, at::Tensor, at::Tensor> embedding_bpr_fwd_autograd(
+    const at::Tensor& user_table, const at::Tensor& item_table, const at::Tensor& users, const at::Tensor& pos_items,
+    const at::Tensor& neg_items, double reg_weight) {
+  variable_list out = EmbeddingBprFunction::apply(user_table, item_table, users, pos_items, neg_items, reg_weight);
+  return {out[0], out[1], out[2]};
 }
 
 // norm = gathered_norm_fwd(table, ids).  Backward: (grad_table, None).

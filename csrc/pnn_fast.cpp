@@ -56,13 +56,16 @@ TORCH_LIBRARY(pnn_fast, m) {
   // int64 [B, K]: for float32 uniform [B, K] in [0, 1), the floor(u * (num_items - N_u))-th item not known to users[b]
   m.def("unknown_items(Tensor known_indptr, Tensor known_indices, Tensor users, Tensor uniform, int num_items) "
         "-> Tensor");
-  // (loss, coef): the mean over b, k of softplus(x_bk), x_bk = <U[users_b], I[neg_bk]> - <U[users_b], I[pos_b]>,
-  // a 0-dim tensor; and coef [B, K] (accumulation dtype) = softplus'(x_bk) / (B K) = d loss / d x_bk
-  m.def("embedding_bpr_fwd(Tensor user_table, Tensor item_table, Tensor users, Tensor pos_items, Tensor neg_items) "
-        "-> (Tensor, Tensor)");
-  // (grad_user_table [U, d], grad_item_table [I, d]) given the 0-dim grad and the forward's coef
-  m.def("embedding_bpr_bwd(Tensor grad, Tensor coef, Tensor user_table, Tensor item_table, Tensor users, "
-        "Tensor pos_items, Tensor neg_items) -> (Tensor, Tensor)");
+  // (loss, coef, norms): loss = the mean over b, k of softplus(x_bk), x_bk = <U[users_b], I[neg_bk]> -
+  // <U[users_b], I[pos_b]>, plus reg_weight (||U[users]||_F + ||I[pos_items]||_F + ||I[neg_items]||_F) / B
+  // (RecBole's EmbLoss of the three gathered matrices), a 0-dim tensor; coef [B, K] (accumulation dtype) =
+  // softplus'(x_bk) / (B K) = d loss / d x_bk; norms [3] (accumulation dtype) = those three norms, computed
+  // only when reg_weight != 0 (zeros otherwise)
+  m.def("embedding_bpr_fwd(Tensor user_table, Tensor item_table, Tensor users, Tensor pos_items, Tensor neg_items, "
+        "float reg_weight) -> (Tensor, Tensor, Tensor)");
+  // (grad_user_table [U, d], grad_item_table [I, d]) given the 0-dim grad and the forward's coef and norms
+  m.def("embedding_bpr_bwd(Tensor grad, Tensor coef, Tensor norms, Tensor user_table, Tensor item_table, "
+        "Tensor users, Tensor pos_items, Tensor neg_items, float reg_weight) -> (Tensor, Tensor)");
   // || table[ids] ||_F, the Frobenius norm of the gathered rows: a 0-dim tensor
   m.def("gathered_norm_fwd(Tensor table, Tensor ids) -> Tensor");
   // grad_table [n, d] given the 0-dim grad and the forward's output

@@ -47,7 +47,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--epochs", type=int, default=d.epochs)
     g.add_argument("--batch-size", type=int, default=d.batch_size)
     g.add_argument("--lr", type=float, default=d.lr)
-    g.add_argument("--reg-weight", type=float, default=d.reg_weight, help="L2 weight of the batch embeddings")
+    g.add_argument("--reg-weight", type=float, default=d.reg_weight,
+                   help="weight of the L2 term, RecBole's EmbLoss over the batch's layer-0 rows: "
+                        "(||U[users]|| + ||I[pos]|| + ||I[neg]||) / B")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
     g.add_argument("--patience", type=int, default=d.patience, help="early stopping: epochs without improvement")

@@ -239,18 +239,26 @@ def _check_bpr_ids(ref_name: str, ref: torch.Tensor, item_table: torch.Tensor, b
 
 
 def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
-                  neg_items: torch.Tensor, *, backend: str = "auto", validate: bool = True) -> torch.Tensor:
+                  neg_items: torch.Tensor, *, reg_weight: float = 0.0, backend: str = "auto",
+                  validate: bool = True) -> torch.Tensor:
     """BPR straight from the embedding tables: mean over (b, k) of
-    ``softplus(<U[users_b], I[neg_bk]> - <U[users_b], I[pos_b]>)``.
+    ``softplus(<U[users_b], I[neg_bk]> - <U[users_b], I[pos_b]>)``, plus, when ``reg_weight`` is not
+    0, RecBole's EmbLoss of the gathered rows:
+    ``reg_weight * (||U[users]||_F + ||I[pos_items]||_F + ||I[neg_items]||_F) / B``.
 
-    The fused backends gather, score and scatter the gradients in one op each way, which is what
-    makes a BPR training step cheap; the result equals :class:`BPRLoss` on ``user_table[users]``.
+    The fused backends gather, score and scatter the gradients in one op each way, the L2 term
+    included, which is what makes a BPR training step cheap; with ``reg_weight`` 0 the result
+    equals :class:`BPRLoss` on ``user_table[users]``.
 
     Args:
         user_table: float [U, d]; item_table: float [I, d]; users, pos_items: int [B];
-        neg_items: int [B] or [B, K]; backend, validate: as :class:`PNNLoss`.
+        neg_items: int [B] or [B, K]; reg_weight: a finite float >= 0;
+        backend, validate: as :class:`PNNLoss`.
     Returns: 0-dim tensor.
     """
+    if isinstance(reg_weight, bool) or not isinstance(reg_weight, (int, float)) or not math.isfinite(reg_weight) \
+            or reg_weight < 0:
+        raise ValueError(f"reg_weight must be a finite number >= 0, got {reg_weight!r}")
     require_tensor("user_table", user_table)
     check_embedding("user_table", user_table, rows=None, dim=user_table.shape[-1] if user_table.dim() == 2 else -1)
     check_id_tensor("users", users, None)
@@ -260,7 +268,7 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     neg = _check_bpr_ids("user_table", user_table, item_table, users.numel(), pos_items, neg_items, validate,
                          extra=[("users", users, user_table.shape[0])])
     impl = resolve_backend(_check_backend(backend), user_table.device)
-    return impl.embedding_bpr(user_table, item_table, users, pos_items, neg)
+    return impl.embedding_bpr(user_table, item_table, users, pos_items, neg, float(reg_weight))
 
 
 class BPRLoss(nn.Module):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .known import KnownPositives
-from .losses import DNSLoss, PNNLoss, embedding_bpr
+from .losses import DNSLoss, PNNLoss, embedding_bpr, resolve_backend
 from .models import Recommender
 
 OBJECTIVES: dict[str, type[Objective]] = {}
@@ -29,30 +29,32 @@ def register(name: str):
 
 
 class BatchLoss(NamedTuple):
-    """An objective's output: the loss and the (user, item) pairs its L2 term covers.
+    """An objective's output: the loss and the rows its L2 term covers.
 
-    The L2 term covers each user with its positive and with each of its ``neg_items`` (int [B] or
-    [B, K]; None when the term covers the positives only). The flat rows are built only on demand
-    (:attr:`reg_users`, :attr:`reg_items`), so a run without L2 never copies them.
+    The trainer's L2 term (RecBole's EmbLoss, :func:`embedding_l2`) covers the layer-0 rows of
+    ``users``, ``pos_items`` and ``neg_items`` (int [B] or [B, K]; None when the term covers the
+    users and positives only). ``l2_included``: the objective has already added that term to
+    ``loss`` (fused into its own op), so the trainer must not add it again.
     """
 
     loss: torch.Tensor
     users: torch.Tensor
     pos_items: torch.Tensor
     neg_items: torch.Tensor | None = None
+    l2_included: bool = False
 
-    @property
-    def reg_users(self) -> torch.Tensor:
-        """int [B (1 + K)]: ``users`` once for the positives, then once per negative column."""
-        k = 0 if self.neg_items is None else self.neg_items.reshape(self.users.numel(), -1).shape[1]
-        return self.users.repeat(k + 1)
 
-    @property
-    def reg_items(self) -> torch.Tensor:
-        """int [B (1 + K)]: the positives, then the negatives column by column (aligned with :attr:`reg_users`)."""
-        if self.neg_items is None:
-            return self.pos_items
-        return torch.cat([self.pos_items, self.neg_items.reshape(self.users.numel(), -1).T.reshape(-1)])
+def embedding_l2(model: Recommender, users: torch.Tensor, pos_items: torch.Tensor,
+                 neg_items: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+    """RecBole's EmbLoss (``require_pow=False``) of a BPR-style batch: the sum of the Frobenius
+    norms of the gathered layer-0 matrices ``U[users]``, ``I[pos_items]`` and ``I[neg_items]``
+    (each matrix its own norm, as RecBole's ``reg_loss(u, pos, neg)``), divided by B = ``users.numel()``."""
+    impl = resolve_backend(backend, model.user_embedding.weight.device)
+    user_table, item_table = model.user_embedding.weight, model.item_embedding.weight
+    total = impl.gathered_norm(user_table, users) + impl.gathered_norm(item_table, pos_items)
+    if neg_items is not None:
+        total = total + impl.gathered_norm(item_table, neg_items.reshape(-1))
+    return total / users.numel()
 
 
 class Objective(nn.Module):
@@ -62,18 +64,21 @@ class Objective(nn.Module):
     Args:
         known: the training interactions (never sampled as negatives).
         model: the recommender being trained (read for its sizes and layers).
+        reg_weight: the trainer's L2 weight, for objectives that fuse the L2 term into their own
+            op (then their BatchLoss says ``l2_included``); the others leave it to the trainer.
         args: overrides of ``DEFAULTS`` by name; an unknown name is a ValueError.
     """
 
     name = "objective"
     DEFAULTS: dict[str, Any] = {}
 
-    def __init__(self, known: KnownPositives, model: Recommender, **args):
+    def __init__(self, known: KnownPositives, model: Recommender, reg_weight: float = 0.0, **args):
         super().__init__()
         unknown = sorted(set(args) - set(self.DEFAULTS))
         if unknown:
             raise ValueError(f"loss {self.name!r} has no argument(s) {unknown}; valid: {sorted(self.DEFAULTS)}")
         self.known = known
+        self.reg_weight = float(reg_weight)
         self.args = {**self.DEFAULTS, **args}
 
     def forward(self, model: Recommender, users: torch.Tensor, pos_items: torch.Tensor,
@@ -93,8 +98,11 @@ class BPRObjective(Objective):
     def forward(self, model, users, pos_items, generator):
         user_table, item_table = model.embeddings()
         neg = self.known.sample_unknown(users, int(self.args["num_negatives"]), generator)
-        loss = embedding_bpr(user_table, item_table, users, pos_items, neg, backend=self.args["backend"], validate=False)
-        return BatchLoss(loss, users, pos_items, neg)
+        # the L2 term rides along in the BPR op when the scored tables are the layer-0 ones it covers (MF)
+        fused_l2 = user_table is model.user_embedding.weight and item_table is model.item_embedding.weight
+        loss = embedding_bpr(user_table, item_table, users, pos_items, neg, reg_weight=self.reg_weight if fused_l2 else 0.0,
+                             backend=self.args["backend"], validate=False)
+        return BatchLoss(loss, users, pos_items, neg, l2_included=fused_l2)
 
 
 @register("dns")
@@ -139,11 +147,13 @@ class PNNObjective(Objective):
         return BatchLoss(loss, users, pos_items)
 
 
-def build_objective(name: str, known: KnownPositives, model: Recommender, **args) -> Objective:
-    """The registered objective ``name`` with ``args`` overriding its defaults."""
+def build_objective(name: str, known: KnownPositives, model: Recommender, reg_weight: float = 0.0,
+                    **args) -> Objective:
+    """The registered objective ``name`` with ``args`` overriding its defaults (``reg_weight``: see
+    :class:`Objective`)."""
     if name not in OBJECTIVES:
         raise ValueError(f"unknown loss {name!r}; choose one of {sorted(OBJECTIVES)}")
-    return OBJECTIVES[name](known, model, **args)
+    return OBJECTIVES[name](known, model, reg_weight=reg_weight, **args)
 
 
 # registers the paper's competing methods; last, because they subclass Objective

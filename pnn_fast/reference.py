@@ -191,8 +191,9 @@ def terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, 
 
 
 def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
-                  neg_items: torch.Tensor) -> torch.Tensor:
-    """BPR over table rows: mean over (b, k) of softplus(<U[u_b], I[n_bk]> - <U[u_b], I[p_b]>).
+                  neg_items: torch.Tensor, reg_weight: float = 0.0) -> torch.Tensor:
+    """BPR over table rows: mean over (b, k) of softplus(<U[u_b], I[n_bk]> - <U[u_b], I[p_b]>), plus
+    reg_weight * (||U[users]||_F + ||I[pos_items]||_F + ||I[neg_items]||_F) / B (RecBole's EmbLoss).
 
     user_table: float [U, d]; item_table: float [I, d]; users, pos_items: int [B]; neg_items: int [B, K].
     Returns a 0-dim tensor (NaN when B * K = 0).
@@ -200,7 +201,11 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     user_emb = user_table[users]
     pos_score = _dot(user_emb, item_table[pos_items])
     neg_score = (user_emb[:, None, :] * item_table[neg_items]).sum(dim=-1)
-    return F.softplus(neg_score - pos_score[:, None]).mean()
+    loss = F.softplus(neg_score - pos_score[:, None]).mean()
+    if reg_weight == 0:
+        return loss
+    norms = gathered_norm(user_table, users) + gathered_norm(item_table, pos_items) + gathered_norm(item_table, neg_items)
+    return loss + reg_weight * norms / users.numel()
 
 
 def gathered_dots(rows: torch.Tensor, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

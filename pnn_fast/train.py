@@ -27,9 +27,8 @@ from . import __version__, build_info
 from .data import Dataset
 from .eval import evaluate
 from .known import KnownPositives
-from .losses import resolve_backend
 from .models import Recommender, build_model
-from .objectives import build_objective
+from .objectives import build_objective, embedding_l2
 
 @dataclass
 class TrainConfig:
@@ -65,14 +64,6 @@ class TrainConfig:
         if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit():
             raise ValueError(f"valid_metric must look like 'ndcg@20', got {self.valid_metric!r}")
         self.ks = tuple(sorted({int(x) for x in self.ks} | {int(k)}))
-
-
-def embedding_l2(model: Recommender, users: torch.Tensor, items: torch.Tensor, backend: str = "auto") -> torch.Tensor:
-    """RecBole's EmbLoss (require_pow=False): sum of the Frobenius norms of the batch's layer-0
-    user and item rows, divided by the batch size (the batch is ``users``)."""
-    impl = resolve_backend(backend, model.user_embedding.weight.device)
-    return (impl.gathered_norm(model.user_embedding.weight, users)
-            + impl.gathered_norm(model.item_embedding.weight, items)) / users.numel()
 
 
 class LeanAdamStep:
@@ -133,7 +124,8 @@ class Trainer:
                          for name in ("valid", "test") if getattr(data, name)[0].numel()}
         self.model = build_model(config.model, data.num_users, data.num_items, train_users, train_items,
                                  dim=config.dim, **config.model_args).to(self.device)
-        self.objective = build_objective(config.loss, self.known, self.model, **config.loss_args).to(self.device)
+        self.objective = build_objective(config.loss, self.known, self.model, reg_weight=config.reg_weight,
+                                         **config.loss_args).to(self.device)
         params = list(self.model.parameters()) + list(self.objective.parameters())
         # the fused (multi-tensor, one kernel) Adam: the same update as the default one, several
         # times cheaper on the full embedding tables that every step updates
@@ -148,9 +140,9 @@ class Trainer:
     def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         out = self.objective(self.model, users, pos, self.generator)
         loss = out.loss + self.model.auxiliary_loss(users, pos) if self.model.has_auxiliary_loss else out.loss
-        if self.config.reg_weight == 0:  # RecBole's BPR has no L2 term: then nothing is gathered for it
+        if self.config.reg_weight == 0 or out.l2_included:  # (RecBole's BPR model has no L2 term)
             return loss
-        return loss + self.config.reg_weight * embedding_l2(self.model, out.reg_users, out.reg_items)
+        return loss + self.config.reg_weight * embedding_l2(self.model, out.users, out.pos_items, out.neg_items)
 
     def train_epoch(self, progress: bool = True) -> float:
         from tqdm.auto import tqdm

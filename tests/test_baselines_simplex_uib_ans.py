@@ -242,7 +242,7 @@ def test_gradients_are_finite_and_reach_every_parameter(loss, args):
     users, pos, _ = tiny_batch(1)
     out = obj(model, users, pos, torch.Generator().manual_seed(5))
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
-    assert out.reg_users.shape == out.reg_items.shape
+    assert out.users.shape == out.pos_items.shape and not out.l2_included
     out.loss.backward()
     params = dict(model.named_parameters()) | {f"objective.{k}": v for k, v in obj.named_parameters()}
     assert len(params) > 2

@@ -154,8 +154,8 @@ def test_srns_objective_matches_loop():
                                                  weight=5.0, temperature=0.5, s1=3)
     slow_loss.backward()
     torch.testing.assert_close(out.loss, slow_loss, rtol=1e-12, atol=1e-12)
-    assert out.reg_items[users.numel():].tolist() == negatives
-    assert torch.equal(out.reg_users, users.repeat(2)) and torch.equal(out.reg_items[: users.numel()], pos)
+    assert out.neg_items.tolist() == negatives  # the L2 rows: the user, its positive and the chosen negative
+    assert torch.equal(out.users, users) and torch.equal(out.pos_items, pos)
     torch.testing.assert_close(model.user_embedding.weight.grad, tables[0].grad, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(model.item_embedding.weight.grad, tables[1].grad, rtol=1e-9, atol=1e-10)
     for u in range(NUM_USERS):
@@ -249,8 +249,8 @@ def test_mixgcf_objective_matches_loop(name, overrides, k):
     torch.testing.assert_close(grads[0], model.user_embedding.weight.grad, rtol=1e-8, atol=1e-12)
     torch.testing.assert_close(grads[1], model.item_embedding.weight.grad, rtol=1e-8, atol=1e-12)
     assert all(torch.isfinite(gr).all() for gr in grads) and grads[1].abs().sum() > 0
-    assert out.reg_users.numel() == out.reg_items.numel() == users.numel() * (k + 1)
-    assert not known.contains(out.reg_users[users.numel():], out.reg_items[users.numel():]).any()
+    assert out.neg_items.shape == (users.numel(), k)  # the L2 rows: each user's first-choice (layer-0) negatives
+    assert not known.contains(users[:, None].expand(-1, k), out.neg_items).any()
 
 
 @pytest.mark.parametrize("name", ["lightgcn", "sgl"])

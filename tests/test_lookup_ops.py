@@ -113,10 +113,37 @@ def test_embedding_bpr_float32_and_large_scores(device):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
-def test_embedding_bpr_gradcheck():
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("negatives", [1, 3])
+def test_embedding_bpr_with_embloss_matches_recbole_form(device, negatives):
+    """reg_weight adds RecBole's EmbLoss of U[users], I[pos], I[neg] (each its own Frobenius norm) / B."""
+    inputs = bpr_inputs(device=device, negatives=negatives)
+    user_table, item_table, users, pos, neg = inputs
+
+    def by_definition(u, i, users, pos, neg):
+        embloss = u[users].norm() + i[pos].norm() + i[neg].norm()
+        return bpr_by_loops(u, i, users, pos, neg) + 0.25 * embloss / users.numel()
+
+    expected = value_and_grads(by_definition, *inputs)
+    for fn in (ops.embedding_bpr, reference.embedding_bpr):
+        got = value_and_grads(lambda *a: fn(*a, reg_weight=0.25), *inputs)
+        for g, w in zip(got, expected):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    # a table of zeros: norm 0, whose gradient torch takes as 0 (not NaN)
+    zero_items = torch.zeros_like(item_table)
+    got = value_and_grads(lambda *a: ops.embedding_bpr(*a, reg_weight=0.25), user_table, zero_items, users, pos, neg)
+    want = value_and_grads(lambda *a: reference.embedding_bpr(*a, reg_weight=0.25), user_table, zero_items, users,
+                           pos, neg)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("reg_weight", [0.0, 0.5])
+def test_embedding_bpr_gradcheck(reg_weight):
     inputs = bpr_inputs(rows=9, negatives=2)
     tables = tuple(t.clone().requires_grad_() for t in inputs[:2])
-    assert torch.autograd.gradcheck(lambda u, i: ops.embedding_bpr(u, i, *inputs[2:]), tables)
+    assert torch.autograd.gradcheck(lambda u, i: ops.embedding_bpr(u, i, *inputs[2:], reg_weight=reg_weight), tables)
 
 
 def test_cpu_scatter_is_the_same_for_any_thread_count():
@@ -126,7 +153,8 @@ def test_cpu_scatter_is_the_same_for_any_thread_count():
     try:
         for n in (1, 2, 4):
             torch.set_num_threads(n)
-            results.append(value_and_grads(ops.embedding_bpr, user_table, item_table, users, pos, neg)
+            results.append(value_and_grads(lambda *a: ops.embedding_bpr(*a, reg_weight=0.1), user_table, item_table,
+                                           users, pos, neg)
                            + value_and_grads(lambda u, i, ids: ops.gathered_norm(u, ids) + ops.gathered_norm(i, ids),
                                              user_table, item_table[:12], users))
     finally:
@@ -180,7 +208,12 @@ def test_embedding_bpr_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="empty"):
         embedding_bpr(user_table, item_table, users[:0], pos[:0], neg[:0])
     with pytest.raises(RuntimeError, match="neg_items has ids outside"):
-        torch.ops.pnn_fast.embedding_bpr_fwd(user_table, item_table, users, pos, neg - 100)
+        torch.ops.pnn_fast.embedding_bpr_fwd(user_table, item_table, users, pos, neg - 100, 0.0)
+    for bad in (-1e-4, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(ValueError, match="reg_weight"):
+            embedding_bpr(user_table, item_table, users, pos, neg, reg_weight=bad)
+    with pytest.raises(RuntimeError, match="reg_weight must be finite"):
+        torch.ops.pnn_fast.embedding_bpr_fwd(user_table, item_table, users, pos, neg, -1.0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

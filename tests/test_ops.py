@@ -137,12 +137,17 @@ def lookup_opcheck_cases(device: str):
     bpr = [user_table, item_table, users, pos, neg]
     grad = torch.tensor(0.7, dtype=torch.float64, device=device)
     norm = torch.ops.pnn_fast.gathered_norm_fwd(item_table, neg.reshape(-1))
-    return [
+    bpr_cases = []
+    for reg_weight in (0.0, 0.3):  # without and with the fused EmbLoss term
+        _, coef, norms = torch.ops.pnn_fast.embedding_bpr_fwd(*bpr, reg_weight)
+        bpr_cases += [
+            (torch.ops.pnn_fast.embedding_bpr_fwd.default, bpr + [reg_weight]),
+            (torch.ops.pnn_fast.embedding_bpr_fwd.default, [user_table.clone().requires_grad_(),
+                                                            item_table.clone().requires_grad_()] + bpr[2:] + [reg_weight]),
+            (torch.ops.pnn_fast.embedding_bpr_bwd.default, [grad, coef, norms] + bpr + [reg_weight]),
+        ]
+    return bpr_cases + [
         (torch.ops.pnn_fast.unknown_items.default, [known.indptr, known.indices, users, uniform, known.num_items]),
-        (torch.ops.pnn_fast.embedding_bpr_fwd.default, bpr),
-        (torch.ops.pnn_fast.embedding_bpr_fwd.default, [user_table.clone().requires_grad_(),
-                                                        item_table.clone().requires_grad_()] + bpr[2:]),
-        (torch.ops.pnn_fast.embedding_bpr_bwd.default, [grad, torch.ops.pnn_fast.embedding_bpr_fwd(*bpr)[1]] + bpr),
         (torch.ops.pnn_fast.gathered_norm_fwd.default, [item_table.clone().requires_grad_(), neg.reshape(-1)]),
         (torch.ops.pnn_fast.gathered_norm_bwd.default, [grad, item_table, neg.reshape(-1), norm]),
         (torch.ops.pnn_fast.gathered_dots_fwd.default, [user_table[users], item_table, neg]),

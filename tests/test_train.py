@@ -130,18 +130,42 @@ def test_compare_always_includes_bpr_dns_pnn(tmp_path, capsys):
     assert all(f"| {loss} |" in table for loss in ("bpr", "dns", "pnn"))
 
 
-def test_batch_loss_l2_rows_pair_each_user_with_its_positive_and_negatives():
-    from pnn_fast.objectives import BatchLoss
+def test_embedding_l2_is_recbole_embloss_of_the_three_gathered_matrices():
+    from pnn_fast.models import build_model
+    from pnn_fast.objectives import embedding_l2
 
-    users, pos = torch.tensor([7, 3]), torch.tensor([10, 11])
-    neg = torch.tensor([[20, 21, 22], [30, 31, 32]])
-    out = BatchLoss(torch.zeros(()), users, pos, neg)
-    pairs = sorted(zip(out.reg_users.tolist(), out.reg_items.tolist()))
-    assert pairs == sorted([(7, 10), (3, 11), (7, 20), (7, 21), (7, 22), (3, 30), (3, 31), (3, 32)])
-    one = BatchLoss(torch.zeros(()), users, pos, torch.tensor([40, 41]))  # one negative per row, as [B]
-    assert one.reg_users.tolist() == [7, 3, 7, 3] and one.reg_items.tolist() == [10, 11, 40, 41]
-    only_pos = BatchLoss(torch.zeros(()), users, pos)
-    assert only_pos.reg_users.tolist() == [7, 3] and only_pos.reg_items.tolist() == [10, 11]
+    users, items = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2, 3])
+    model = build_model("mf", 5, 6, users, items, dim=4).double()
+    U, I = model.user_embedding.weight, model.item_embedding.weight
+    b_users, pos, neg = torch.tensor([1, 1, 4]), torch.tensor([0, 5, 2]), torch.tensor([[3, 4], [1, 1], [0, 2]])
+    want = (U[b_users].norm() + I[pos].norm() + I[neg].norm()) / 3  # RecBole: reg_loss(u, pos, neg) / B
+    torch.testing.assert_close(embedding_l2(model, b_users, pos, neg), want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(embedding_l2(model, b_users, pos), (U[b_users].norm() + I[pos].norm()) / 3,
+                               rtol=1e-12, atol=0)
+
+
+def test_bpr_objective_fuses_the_l2_term_with_the_same_value_and_gradients(tmp_path):
+    """MF + bpr: the trainer's loss with the L2 term inside the BPR op equals BPR + embedding_l2."""
+    from pnn_fast.objectives import embedding_l2
+
+    data = synthetic_dataset(num_users=40, num_items=30, seed=1)
+    trainer = Trainer(data, TrainConfig(model="mf", loss="bpr", reg_weight=0.05, dim=8), tmp_path)
+    users, pos = trainer.train_users[:64], trainer.train_items[:64]
+    trainer.generator.manual_seed(7)
+    assert trainer.objective(trainer.model, users, pos, trainer.generator).l2_included
+    trainer.generator.manual_seed(7)
+    fused = trainer._batch_loss(users, pos)
+    fused.backward()
+    fused_grads = [p.grad.clone() for p in trainer.model.parameters()]
+    trainer.adam.zero_grad()
+    trainer.objective.reg_weight = 0.0  # BPR alone, then the trainer's generic L2 term on the same rows
+    trainer.generator.manual_seed(7)
+    out = trainer.objective(trainer.model, users, pos, trainer.generator)
+    separate = out.loss + 0.05 * embedding_l2(trainer.model, out.users, out.pos_items, out.neg_items)
+    separate.backward()
+    torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-7)
+    for got, want in zip(fused_grads, (p.grad for p in trainer.model.parameters())):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-8)
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])

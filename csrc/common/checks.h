@@ -1,6 +1,8 @@
 // Argument checks and input preparation shared by the CPU and CUDA entry points (host code).
 #pragma once
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 
@@ -96,6 +98,7 @@ struct LookupInputs {
   int64_t rows = 0;
   int64_t negatives = 0;
   int64_t dim = 0;
+  double reg_weight = 0;
 };
 
 inline void check_table(const char* op, const at::Tensor& table, const char* name) {
@@ -103,12 +106,16 @@ inline void check_table(const char* op, const at::Tensor& table, const char* nam
               " must be a floating-point [n, d] tensor, got ", table.scalar_type(), " ", table.sizes());
 }
 
-// user_table [U, d], item_table [I, d], users and pos_items int64 [B], neg_items int64 [B, K].
+// user_table [U, d], item_table [I, d], users and pos_items int64 [B], neg_items int64 [B, K], and a
+// finite reg_weight >= 0.
 inline LookupInputs prepare_embedding_bpr(const char* op, const at::Tensor& user_table, const at::Tensor& item_table,
                                           const at::Tensor& users, const at::Tensor& pos_items,
-                                          const at::Tensor& neg_items) {
+                                          const at::Tensor& neg_items, double reg_weight) {
   check_table(op, user_table, "user_table");
+  TORCH_CHECK(std::isfinite(reg_weight) && reg_weight >= 0, op, ": reg_weight must be finite and >= 0, got ",
+              reg_weight);
   LookupInputs in;
+  in.reg_weight = reg_weight;
   in.rows = users.numel();
   in.dim = user_table.size(1);
   in.negatives = neg_items.dim() == 2 ? neg_items.size(1) : -1;
@@ -147,14 +154,28 @@ struct BprBatch {
   const int64_t* pos_items;    // [B]
   const int64_t* neg_items;    // [B, K]
   int64_t rows, negatives, dim, num_users, num_items;
+  bool regularize;             // reg_weight != 0: the EmbLoss term is computed
 };
 
 template <typename scalar_t>
 BprBatch<scalar_t> bpr_batch(const LookupInputs& in) {
-  return {in.user_table.data_ptr<scalar_t>(), in.item_table.data_ptr<scalar_t>(), in.users.data_ptr<int64_t>(),
-          in.pos_items.data_ptr<int64_t>(),  in.neg_items.data_ptr<int64_t>(),  in.rows,
-          in.negatives,                      in.dim,                            in.user_table.size(0),
-          in.item_table.size(0)};
+  return {in.user_table.data_ptr<scalar_t>(),
+          in.item_table.data_ptr<scalar_t>(),
+          in.users.data_ptr<int64_t>(),
+          in.pos_items.data_ptr<int64_t>(),
+          in.neg_items.data_ptr<int64_t>(),
+          in.rows,
+          in.negatives,
+          in.dim,
+          in.user_table.size(0),
+          in.item_table.size(0),
+          in.reg_weight != 0};
+}
+
+// The forward's norms [3] (accumulation dtype), checked and contiguous, for the backward.
+inline at::Tensor checked_bpr_norms(const char* op, const LookupInputs& in, const at::Tensor& norms, at::ScalarType acc_dtype) {
+  check_tensor(op, in.user_table, norms, "norms", acc_dtype, {3}, "user_table");
+  return norms.contiguous();
 }
 
 // rows [B, d] and table [n, d] of one floating dtype and device, ids int64 [B, K].

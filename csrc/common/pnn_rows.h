@@ -188,6 +188,36 @@ PNN_HD inline SoftplusValueGrad<acc_t> softplus_value_grad(acc_t x) {
 #endif
 }
 
+// One row b of embedding_bpr, for users_b's row u, pos_b's row p and the K rows neg[0..K) of
+// item_table: returns sum_k softplus(x_bk) and writes coef[k] = softplus'(x_bk) / pairs.  With
+// `squares` (RecBole's EmbLoss term), also adds |u|^2, |p|^2 and sum_k |n_k|^2 to squares[0..3).
+template <typename acc_t, typename scalar_t>
+PNN_HD inline acc_t bpr_row(const scalar_t* u, const scalar_t* p, const scalar_t* item_table, const int64_t* neg,
+                            int64_t K, int64_t d, acc_t pairs, acc_t* coef, acc_t* squares) {
+  const acc_t pos_score = dot_wide<acc_t>(u, p, d);
+  acc_t sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const scalar_t* n = item_table + neg[k] * d;
+    const auto term = softplus_value_grad(dot_wide<acc_t>(u, n, d) - pos_score);
+    sum += term.value;
+    coef[k] = term.grad / pairs;
+    if (squares != nullptr) squares[2] += dot_wide<acc_t>(n, n, d);
+  }
+  if (squares != nullptr) {
+    squares[0] += dot_wide<acc_t>(u, u, d);
+    squares[1] += dot_wide<acc_t>(p, p, d);
+  }
+  return sum;
+}
+
+// d (reg_weight * norm / rows) / d row = scale * row for a row of the gathered matrix whose
+// Frobenius norm is `norm`, times the upstream gradient: scale = grad * reg_weight / (rows * norm),
+// and 0 at the origin (torch's norm backward).
+template <typename acc_t>
+PNN_HD inline acc_t norm_grad_scale(acc_t grad, acc_t reg_weight, int64_t rows, acc_t norm) {
+  return norm > acc_t(0) ? grad * reg_weight / (acc_t(rows) * norm) : acc_t(0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Total order of scores.  Scores map to unsigned keys whose integer order is the order of
 // torch.sort: -0.0 equals +0.0 and every NaN is one value above +inf.  Key 0 is never produced

@@ -77,57 +77,63 @@ at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& k
   return items;
 }
 
-std::tuple<at::Tensor, at::Tensor> embedding_bpr_fwd_cpu(const at::Tensor& user_table, const at::Tensor& item_table,
-                                                         const at::Tensor& users, const at::Tensor& pos_items,
-                                                         const at::Tensor& neg_items) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> embedding_bpr_fwd_cpu(const at::Tensor& user_table,
+                                                                     const at::Tensor& item_table,
+                                                                     const at::Tensor& users, const at::Tensor& pos_items,
+                                                                     const at::Tensor& neg_items, double reg_weight) {
   constexpr const char* op = "pnn_fast::embedding_bpr_fwd";
-  const LookupInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items);
+  const LookupInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items, reg_weight);
   check_ids_below(op, in.users, in.user_table.size(0), "users");
   check_ids_below(op, in.pos_items, in.item_table.size(0), "pos_items");
   check_ids_below(op, in.neg_items, in.item_table.size(0), "neg_items");
   at::Tensor loss_out = at::empty({}, in.user_table.options());
-  const at::ScalarType acc_dtype = opmath_dtype(in.user_table.scalar_type());
-  at::Tensor coef = at::empty({in.rows, in.negatives}, in.user_table.options().dtype(acc_dtype));
+  const at::TensorOptions acc_options = in.user_table.options().dtype(opmath_dtype(in.user_table.scalar_type()));
+  at::Tensor coef = at::empty({in.rows, in.negatives}, acc_options);
+  at::Tensor norms = at::zeros({3}, acc_options);
   PNN_DISPATCH_FLOATING_TYPES(in.user_table.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const BprBatch<scalar_t> batch = bpr_batch<scalar_t>(in);
-    const scalar_t *U = batch.user_table, *I = batch.item_table;
-    const int64_t *user = batch.users, *pos = batch.pos_items, *neg = batch.neg_items;
     const int64_t d = batch.dim, K = batch.negatives;
     const acc_t pairs = acc_t(in.rows * K);
     acc_t* c = coef.data_ptr<acc_t>();
     std::vector<acc_t> loss(in.rows);
+    std::vector<acc_t> squares(batch.regularize ? 3 * in.rows : 0);  // per row, summed in row order below
     at::parallel_for(0, in.rows, lookup_grain((K + 1) * d), [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        const scalar_t* u = U + user[b] * d;
-        const acc_t pos_score = dot_wide<acc_t>(u, I + pos[b] * d, d);
-        acc_t sum = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          const auto term = softplus_value_grad(dot_wide<acc_t>(u, I + neg[b * K + k] * d, d) - pos_score);
-          sum += term.value;
-          c[b * K + k] = term.grad / pairs;
-        }
-        loss[b] = sum;
+        loss[b] = bpr_row<acc_t>(batch.user_table + batch.users[b] * d, batch.item_table + batch.pos_items[b] * d,
+                                 batch.item_table, batch.neg_items + b * K, K, d, pairs, c + b * K,
+                                 batch.regularize ? squares.data() + 3 * b : nullptr);
       }
     });
     // rows summed in order, then the mean over the B * K pairs (NaN when there is none, as torch's mean)
     acc_t total = 0;
     for (const acc_t x : loss) total += x;
-    *loss_out.data_ptr<scalar_t>() = static_cast<scalar_t>(total / pairs);
+    total /= pairs;
+    if (batch.regularize) {
+      acc_t* n = norms.data_ptr<acc_t>();
+      for (int64_t b = 0; b < in.rows; ++b) {
+        for (int s = 0; s < 3; ++s) n[s] += squares[3 * b + s];
+      }
+      for (int s = 0; s < 3; ++s) n[s] = std::sqrt(n[s]);
+      total += acc_t(reg_weight) * (n[0] + n[1] + n[2]) / acc_t(in.rows);
+    }
+    *loss_out.data_ptr<scalar_t>() = static_cast<scalar_t>(total);
   });
-  return {loss_out, coef};
+  return {loss_out, coef, norms};
 }
 
 std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cpu(const at::Tensor& grad, const at::Tensor& coef,
-                                                         const at::Tensor& user_table, const at::Tensor& item_table,
-                                                         const at::Tensor& users, const at::Tensor& pos_items,
-                                                         const at::Tensor& neg_items) {
+                                                         const at::Tensor& norms, const at::Tensor& user_table,
+                                                         const at::Tensor& item_table, const at::Tensor& users,
+                                                         const at::Tensor& pos_items, const at::Tensor& neg_items,
+                                                         double reg_weight) {
   constexpr const char* op = "pnn_fast::embedding_bpr_bwd";
-  const LookupInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items);
+  const LookupInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items, reg_weight);
   const at::Tensor g = scalar_grad(op, in.user_table, grad);
   const at::ScalarType acc_dtype = g.scalar_type();
   check_tensor(op, in.user_table, coef, "coef", acc_dtype, {in.rows, in.negatives}, "user_table");
   const at::Tensor coef_in = coef.contiguous();
+  const at::Tensor norms_in = checked_bpr_norms(op, in, norms, acc_dtype);
   const at::TensorOptions acc_options = in.user_table.options().dtype(acc_dtype);
   at::Tensor grad_user = at::zeros(in.user_table.sizes(), acc_options);
   at::Tensor grad_item = at::zeros(in.item_table.sizes(), acc_options);
@@ -139,6 +145,11 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cpu(const at::Tensor& grad,
     const int64_t d = batch.dim, K = batch.negatives;
     const acc_t upstream = g.item<acc_t>();
     const acc_t* c = coef_in.data_ptr<acc_t>();
+    // the EmbLoss term's gradient: scale[s] * row for the rows of gathered matrix s (users, pos, neg)
+    acc_t scale[3] = {0, 0, 0};
+    for (int s = 0; batch.regularize && s < 3; ++s) {
+      scale[s] = norm_grad_scale(upstream, acc_t(reg_weight), in.rows, norms_in.data_ptr<acc_t>()[s]);
+    }
     acc_t* gU = grad_user.data_ptr<acc_t>();
     acc_t* gI = grad_item.data_ptr<acc_t>();
     for_column_blocks(d, in.rows * (K + 2), [&](int64_t c0, int64_t c1) {
@@ -156,12 +167,21 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cpu(const at::Tensor& grad,
             gu[i] += ck * acc_t(n[i]);
             gn[i] += ck * acc_t(u[i]);
           }
+          if (batch.regularize) {
+            for (int64_t i = c0; i < c1; ++i) gn[i] += scale[2] * acc_t(n[i]);
+          }
         }
         const scalar_t* p = I + pos[b] * d;
         acc_t* gp = gI + pos[b] * d;
         for (int64_t i = c0; i < c1; ++i) {
           gu[i] -= c_sum * acc_t(p[i]);
           gp[i] -= c_sum * acc_t(u[i]);
+        }
+        if (batch.regularize) {
+          for (int64_t i = c0; i < c1; ++i) {
+            gu[i] += scale[0] * acc_t(u[i]);
+            gp[i] += scale[1] * acc_t(p[i]);
+          }
         }
       }
     });
@@ -201,8 +221,7 @@ at::Tensor gathered_norm_bwd_cpu(const at::Tensor& grad, const at::Tensor& table
   at::Tensor grad_table = at::zeros(rows_in.sizes(), rows_in.options().dtype(g.scalar_type()));
   PNN_DISPATCH_FLOATING_TYPES(rows_in.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const acc_t length = norm.item<acc_t>();
-    const acc_t coef = length > acc_t(0) ? g.item<acc_t>() / length : acc_t(0);  // torch: 0 at the origin
+    const acc_t coef = norm_grad_scale(g.item<acc_t>(), acc_t(1), 1, norm.item<acc_t>());
     const scalar_t* T = rows_in.data_ptr<scalar_t>();
     const int64_t* id = ids_in.data_ptr<int64_t>();
     acc_t* gT = grad_table.data_ptr<acc_t>();

@@ -1,0 +1,71 @@
+"""Issue 4: one training epoch of every objective, MF on ML-1M, side by side in one run.
+
+The per-epoch seconds of the ML-1M comparison table (docs/results.md): the same trainer,
+data, split and model for every loss, so the column compares the methods' costs and nothing
+else.  What is timed is ``Trainer.train_epoch()``: sampling, forward, backward and the Adam
+step of every batch, plus the objective's per-epoch work (SRNS's candidate scoring, SimpleX's
+history pooling).  Evaluation is not included.
+
+Setup: ``../shared/data/ml-1m`` (``PNN_FAST_DATA`` moves it) with RecBole's per-user random
+8:1:1 split (``split="rs"``, seed 2020), MF with d = 64, batch 2048, Adam lr 1e-3, L2 1e-4 and
+every objective's default arguments; the PNN variant of the table is added as ``pnn-sampled8``.
+Before timing, one warm-up epoch must give a finite mean loss.
+
+    python -m pytest bench/bench_epochs.py -p no:cacheprovider --benchmark-json /tmp/bench_epochs.json
+
+``BENCH_THREADS`` (default 1), ``BENCH_ROUNDS`` (default 3) and ``BENCH_LOSSES`` (a comma list,
+default all) are the knobs.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from pnn_fast.data import load_dataset
+from pnn_fast.objectives import OBJECTIVES
+from pnn_fast.train import TrainConfig, Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data")) / "ml-1m"
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+
+# name -> (objective, its arguments): every registered objective with its defaults, and the PNN
+# variant of docs/results.md (8 sampled candidates, no uniformity term)
+CASES = {**{name: (name, {}) for name in sorted(OBJECTIVES)},
+         "pnn-sampled8": ("pnn", {"in_batch": False, "candidates": 8, "beta": 0.0})}
+SELECTED = [name for name in os.environ.get("BENCH_LOSSES", ",".join(CASES)).split(",") if name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def data():
+    if not (DATA / "train.txt").exists():
+        pytest.skip(f"no ML-1M at {DATA} (set PNN_FAST_DATA)")
+    return load_dataset(DATA, split="rs", seed=2020)
+
+
+@pytest.mark.parametrize("name", SELECTED)
+def test_epoch(benchmark, data, tmp_path, name):
+    if name not in CASES:
+        pytest.fail(f"BENCH_LOSSES names {name!r}; known: {sorted(CASES)}")
+    loss, loss_args = CASES[name]
+    trainer = Trainer(data, TrainConfig(model="mf", loss=loss, loss_args=loss_args, seed=2020), tmp_path)
+    assert math.isfinite(trainer.train_epoch(progress=False))  # warm-up, and the check before timing
+    benchmark.group = "ml-1m mf epoch"
+    benchmark.extra_info.update(threads=THREADS, loss=loss, loss_args=trainer.objective.args,
+                                load_before=os.getloadavg()[0])
+    result = benchmark.pedantic(lambda: trainer.train_epoch(progress=False), rounds=ROUNDS, iterations=1)
+    benchmark.extra_info["load_after"] = os.getloadavg()[0]
+    assert math.isfinite(result)
