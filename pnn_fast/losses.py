@@ -110,14 +110,16 @@ class UserAwareAttention(nn.Module):
         """
         unique_users, row_of = torch.unique(users, return_inverse=True)
         items, mask = self.sample_history(known, unique_users)
-        # the key depends on the item only: evaluate the d x d map once per distinct history item
+        # the key and <e_h, w1> depend on the item only: evaluate them once per distinct history item
         hist_items, hist_of = torch.unique(items, return_inverse=True)
-        keys = torch.tanh(item_table[hist_items] @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
-        logits = impl.gathered_dots(user_emb, keys, hist_of[row_of]).masked_fill(~mask[row_of], float("-inf"))
+        hist_rows = item_table[hist_items]
+        keys = torch.tanh(hist_rows @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
+        slots = hist_of[row_of]  # [B, L]: each row's history as indices into hist_items
+        logits = impl.gathered_dots(user_emb, keys, slots).masked_fill(~mask[row_of], float("-inf"))
         weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
-        # sum_l weights[b, l] * item_table[items[b, l]] without a [B, L, d] copy of the item rows
-        pooled = F.embedding_bag(items[row_of], item_table, mode="sum", per_sample_weights=weights)
-        return torch.sigmoid(pooled @ self.w1.to(pooled.dtype))
+        # w1 . sum_l a_l e_l = sum_l a_l (e_l . w1): a weighted sum of scalars, not of [d] rows
+        along_w1 = reference.gather_rows(hist_rows @ self.w1.to(hist_rows.dtype), slots)  # [B, L]
+        return torch.sigmoid((weights * along_w1).sum(dim=1))
 
 
 class PNNLoss(nn.Module):

@@ -28,7 +28,7 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """table[index] for any index shape, by index_select: its backward (index_add) adds repeated
     rows in a fixed order, whereas advanced indexing's (index_put with accumulate) may add them
     in any order on a multi-threaded CPU, which makes training runs irreproducible."""
-    return table.index_select(0, index.reshape(-1)).reshape(*index.shape, table.shape[-1])
+    return table.index_select(0, index.reshape(-1)).reshape(*index.shape, *table.shape[1:])
 
 
 def candidate_embeddings(item_table: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
