@@ -167,6 +167,10 @@ def test_bpr_objective_fuses_the_l2_term_with_the_same_value_and_gradients(tmp_p
     for got, want in zip(fused_grads, (p.grad for p in trainer.model.parameters())):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-8)
 
+    # a graph model scores propagated tables: the L2 term (on layer-0 rows) is then the trainer's
+    graph = Trainer(data, TrainConfig(model="lightgcn", loss="bpr", reg_weight=0.05, dim=8), tmp_path / "lightgcn")
+    assert not graph.objective(graph.model, users, pos, graph.generator).l2_included
+
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])
 def test_lean_adam_step_equals_optimizer_step(weight_decay):
