@@ -143,6 +143,24 @@ def test_rows_with_zero_or_one_unlabeled_candidate(per_row):
     assert bool((sizes == 0).any()) and bool((sizes == 1).any())
 
 
+def test_light_and_heavy_users_of_a_shared_list():
+    """A shared list's labeled candidates are found by binary searches for a light user and by a
+    merge for a heavy one (N_u log2 C >= C + N_u); both, with repeated candidate items and rows
+    whose positive is or is not among their known items, must give the reference's U_b."""
+    batch = make_batch(128, 8, grid=True, num_users=40, num_items=150, known_per_user=20, seed=11)
+    known = batch["known"]
+    counts = known.count(batch["users"])
+    heavy = (counts + 1) * 7 >= 128 + counts  # log2(C) = 7 for C = 128 candidates
+    assert bool(heavy.any()) and bool((~heavy).any())
+    assert len(set(batch["pos_items"].tolist())) < 128  # repeated candidate items
+    got = None
+    for neg_size in NEG_SIZES:
+        got = check_row_terms(batch, neg_size, TOLERANCE[torch.float64])
+    members = (batch["pos_items"][None, :] != batch["pos_items"][:, None]) & ~known.contains(
+        batch["users"][:, None], batch["pos_items"][None, :])
+    assert torch.equal(got["num_negative"] + got["num_neutral"], members.sum(dim=1))
+
+
 def test_repeated_items_tie_break_by_candidate_index():
     # 3 items for 50 rows: every candidate item repeats, so ties are everywhere (grid inputs: exact)
     for dtype in (torch.float32, torch.float64):

@@ -1,5 +1,5 @@
 // pnn_fast::count_unlabeled on CPU: |U_b| without scoring anything.  A shared candidate list is
-// searched from the user's side (N_u + 1 binary searches among the sorted candidates per row).
+// searched once per row for its labeled candidates (CandidateSet::for_each_labeled).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -28,7 +28,7 @@ at::Tensor count_unlabeled_cpu(const at::Tensor& user_emb, const at::Tensor& ite
       for (int64_t b = begin; b < end; ++b) {
         const Row<scalar_t, acc_t> row(batch, b);
         int64_t count = 0;
-        if (set.search_known_items(row)) {
+        if (set.shared) {
           set.for_each_labeled(row, [&](int64_t) { ++count; });
           count = in.num_candidates - count;
         } else {

@@ -52,15 +52,16 @@ void to_acc(const scalar_t* a, int64_t d, std::vector<acc_t>& out) {
 
 // One call's candidates, prepared once and read by every task.  For a shared list: the
 // embeddings tiled for SIMD scoring, the candidate indices sorted by item (so that a row finds
-// its labeled candidates with one binary search per known item) and the sum of all candidate
-// embeddings (the class sums subtract from it, see class_centroids_cpu.cpp).
+// its labeled candidates from its sorted known items, see for_each_labeled) and the sum of all
+// candidate embeddings (the class sums subtract from it, see class_centroids_cpu.cpp).
 template <typename scalar_t, typename acc_t>
 struct CandidateSet {
   const RowBatch<scalar_t>& batch;
   bool shared;
   TiledVectors<acc_t> tiles;
-  std::vector<int64_t> by_item;  // j sorted by (item, j)
-  std::vector<acc_t> total;      // sum_j item_table[c_j]
+  std::vector<int64_t> by_item;       // j sorted by (item, j)
+  std::vector<int64_t> sorted_items;  // sorted_items[t] = c_{by_item[t]}: the items in that order
+  std::vector<acc_t> total;           // sum_j item_table[c_j]
 
   explicit CandidateSet(const RowBatch<scalar_t>& b) : batch(b), shared(b.candidate_row_stride == 0) {
     if (!shared) return;
@@ -69,6 +70,8 @@ struct CandidateSet {
     by_item.resize(batch.num_candidates);
     std::iota(by_item.begin(), by_item.end(), int64_t{0});
     std::stable_sort(by_item.begin(), by_item.end(), [&](int64_t a, int64_t b) { return items[a] < items[b]; });
+    sorted_items.resize(batch.num_candidates);
+    for (int64_t t = 0; t < batch.num_candidates; ++t) sorted_items[t] = items[by_item[t]];
     total.assign(batch.dim, acc_t(0));
     for (int64_t j = 0; j < batch.num_candidates; ++j) {
       const scalar_t* v = batch.item_table + items[j] * batch.dim;
@@ -76,26 +79,33 @@ struct CandidateSet {
     }
   }
 
-  // Whether `row`'s U_b is cheaper to find from its known items (N_u + 1 binary searches among
-  // the sorted shared candidates) than from its candidates (C searches among the known items).
-  bool search_known_items(const Row<scalar_t, acc_t>& row) const {
-    return shared && 4 * (row.num_known + 1) <= batch.num_candidates;
-  }
-
   // Calls f(j) for every index j of the shared list whose item is `item`.
   template <typename F>
   void for_each_position(int64_t item, F f) const {
-    const int64_t* items = batch.candidates;
-    auto it = std::lower_bound(by_item.begin(), by_item.end(), item,
-                               [&](int64_t j, int64_t value) { return items[j] < value; });
-    for (; it != by_item.end() && items[*it] == item; ++it) f(*it);
+    auto t = std::lower_bound(sorted_items.begin(), sorted_items.end(), item);
+    for (; t != sorted_items.end() && *t == item; ++t) f(by_item[t - sorted_items.begin()]);
   }
 
-  // Calls f(j) once for every labeled candidate of `row` (requires search_known_items(row)).
+  // Calls f(j) once for every labeled candidate j of `row` (its item is the row's positive or a
+  // known item) of a shared list.  A light user's labeled candidates are found by N_u + 1 binary
+  // searches among the sorted candidates; a heavy user's (N_u log C > C + N_u) by one merge of
+  // the sorted candidates with its sorted known items, linear in both.
   template <typename F>
   void for_each_labeled(const Row<scalar_t, acc_t>& row, F f) const {
-    for (int64_t i = 0; i < row.num_known; ++i) for_each_position(row.known[i], f);
-    if (!sorted_contains(row.known, row.num_known, row.pos_item)) for_each_position(row.pos_item, f);
+    const int64_t count = batch.num_candidates, n = row.num_known;
+    int64_t log_count = 1;
+    while ((int64_t{1} << log_count) < count) ++log_count;
+    if ((n + 1) * log_count < count + n) {
+      for (int64_t i = 0; i < n; ++i) for_each_position(row.known[i], f);
+      if (!sorted_contains(row.known, n, row.pos_item)) for_each_position(row.pos_item, f);
+      return;
+    }
+    int64_t i = 0;
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t item = sorted_items[t];
+      while (i < n && row.known[i] < item) ++i;
+      if (item == row.pos_item || (i < n && row.known[i] == item)) f(by_item[t]);
+    }
   }
 };
 
@@ -118,7 +128,7 @@ class RowScan {
     scores_.resize(tiles->padded_count());
     tiles->lane_sums(user_.data(), DotTerm{}, scores_.data());
     unlabeled_.resize(count);
-    if (set_.search_known_items(row)) {
+    if (set_.shared) {
       std::fill(unlabeled_.begin(), unlabeled_.end(), uint8_t{1});
       set_.for_each_labeled(row, [&](int64_t j) { unlabeled_[j] = 0; });
     } else {
