@@ -56,6 +56,9 @@ TORCH_LIBRARY(pnn_fast, m) {
   // int64 [B, K]: for float32 uniform [B, K] in [0, 1), the floor(u * (num_items - N_u))-th item not known to users[b]
   m.def("unknown_items(Tensor known_indptr, Tensor known_indices, Tensor users, Tensor uniform, int num_items) "
         "-> Tensor");
+  // int64 [B, L]: a uniform random subset of min(N_u, L) of users[b]'s known items (Floyd's algorithm on
+  // the float32 draws uniform [B, L] in [0, 1)), then -1 in the remaining slots
+  m.def("history_sample(Tensor known_indptr, Tensor known_indices, Tensor users, Tensor uniform) -> Tensor");
   // (loss, coef, norms): loss = the mean over b, k of softplus(x_bk), x_bk = <U[users_b], I[neg_bk]> -
   // <U[users_b], I[pos_b]>, plus reg_weight (||U[users]||_F + ||I[pos_items]||_F + ||I[neg_items]||_F) / B
   // (RecBole's EmbLoss of the three gathered matrices), a 0-dim tensor; coef [B, K] (accumulation dtype) =

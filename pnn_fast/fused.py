@@ -12,11 +12,11 @@ import torch.nn.functional as F
 
 from . import ops
 from .known import KnownPositives
-from .ops import embedding_bpr, gathered_dots, gathered_norm, pairwise_uniformity
+from .ops import embedding_bpr, gathered_dots, gathered_norm, history_sample, pairwise_uniformity
 from .reference import NegSize, gather_rows, negative_class_size, terms_from_centroids
 
-__all__ = ["embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "pairwise_uniformity",
-           "pnn_row_terms"]
+__all__ = ["embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample",
+           "pairwise_uniformity", "pnn_row_terms"]
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

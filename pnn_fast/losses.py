@@ -80,26 +80,18 @@ class UserAwareAttention(nn.Module):
     def w2(self) -> torch.Tensor:
         return F.softplus(self.raw_w2)
 
-    def sample_history(self, known: KnownPositives, users: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Up to history_len random known items per user.
+    def sample_history(self, known: KnownPositives, users: torch.Tensor,
+                       impl: ModuleType = reference) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Up to history_len random known items per user (``impl.history_sample``: Floyd's
+        algorithm, O(L^2) per user whatever its number of items).
 
         Returns ``(items int64 [n, L], mask bool [n, L])`` for the ``n`` given users,
         L = history_len; padded slots hold item 0 and mask False.
         """
-        counts = known.count(users)
-        owner = torch.repeat_interleave(torch.arange(users.numel(), device=users.device), counts)
-        starts = torch.cumsum(counts, 0) - counts
-        # random order within each user's segment: shuffle everything, then stable-sort by owner
-        perm = torch.randperm(owner.numel(), device=users.device)
-        perm = perm[torch.sort(owner[perm], stable=True).indices]
-        slot = torch.arange(owner.numel(), device=users.device) - starts[owner]
-        keep = slot < self.history_len
-        source = known.indptr[users][owner] + (perm - starts[owner])  # position in known.indices
-        items = torch.zeros(users.numel(), self.history_len, dtype=torch.int64, device=users.device)
-        mask = torch.zeros(users.numel(), self.history_len, dtype=torch.bool, device=users.device)
-        items[owner[keep], slot[keep]] = known.indices[source[keep]]
-        mask[owner[keep], slot[keep]] = True
-        return items, mask
+        uniform = torch.rand(users.numel(), self.history_len, device=users.device)
+        items = impl.history_sample(known, users, uniform)
+        mask = items >= 0
+        return items.clamp_min(0), mask
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                 known: KnownPositives, impl: ModuleType = reference) -> torch.Tensor:
@@ -109,7 +101,7 @@ class UserAwareAttention(nn.Module):
         the backend module (:func:`resolve_backend`) that computes the logits.
         """
         unique_users, row_of = torch.unique(users, return_inverse=True)
-        items, mask = self.sample_history(known, unique_users)
+        items, mask = self.sample_history(known, unique_users, impl)
         # the key and <e_h, w1> depend on the item only: evaluate them once per distinct history item
         hist_items, hist_of = torch.unique(items, return_inverse=True)
         hist_rows = item_table[hist_items]

@@ -10,7 +10,7 @@ Per row ``b`` with user ``u`` and positive ``i``, ``U_b`` is the set of candidat
 whose item is neither ``i`` nor a known positive of ``u``; ``s_j`` is ``<user_emb[b], item_table[c_j]>``.
 No op allocates anything of size ``[B, C]``.
 
-The table-lookup ops of a training step (:func:`unknown_items`, :func:`embedding_bpr`,
+The table-lookup ops of a training step (:func:`unknown_items`, :func:`history_sample`, :func:`embedding_bpr`,
 :func:`gathered_norm`, :func:`gathered_dots`) take whole embedding tables and ids, and return dense
 table gradients.
 """
@@ -133,6 +133,21 @@ def unknown_items(known: KnownPositives, users: torch.Tensor, uniform: torch.Ten
     return _OPS.unknown_items.default(known.indptr, known.indices, users.long(), uniform, known.num_items)
 
 
+def history_sample(known: KnownPositives, users: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """A uniform random subset of min(N_u, L) known items of each ``users[b]``, by Floyd's algorithm
+    on the draws ``uniform[b]`` (the same subsets as :func:`pnn_fast.reference.history_sample`).
+
+    Args:
+        known: the users' known positives (same device); users: int [B];
+        uniform: float32 [B, L] in ``[0, 1)`` (checked).
+    Returns:
+        int64 [B, L]: the subset's items, then -1.  O(L^2) per row, whatever N_u; not differentiable.
+    """
+    _extension.require_kernels(users.device)
+    check_same("users", users, [("uniform", uniform), ("known", known.indptr)], dtype=False)
+    return _OPS.history_sample.default(known.indptr, known.indices, users.long(), uniform)
+
+
 def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
                   neg_items: torch.Tensor, reg_weight: float = 0.0) -> torch.Tensor:
     """BPR over table rows: ``mean_{b,k} softplus(<U[u_b], I[n_bk]> - <U[u_b], I[p_b]>)``, plus
@@ -226,6 +241,11 @@ def _(grad, x, t, output):
 
 @torch.library.register_fake("pnn_fast::unknown_items")
 def _(known_indptr, known_indices, users, uniform, num_items):
+    return uniform.new_empty(uniform.shape, dtype=torch.int64)
+
+
+@torch.library.register_fake("pnn_fast::history_sample")
+def _(known_indptr, known_indices, users, uniform):
     return uniform.new_empty(uniform.shape, dtype=torch.int64)
 
 

@@ -208,6 +208,32 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     return loss + reg_weight * norms / users.numel()
 
 
+def history_sample(known: KnownPositives, users: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """A uniform random subset of min(N_u, L) known items of each user, by Floyd's algorithm.
+
+    users: int [B]; uniform: float32 [B, L] in [0, 1). Returns int64 [B, L]: the subset, then -1.
+    Step i considers j = N_u - L + i and takes position t = floor(u_i (j + 1)) (float32, as
+    :meth:`KnownPositives.unknown_from_uniform`), or j itself when t was taken at an earlier step;
+    a user with N_u <= L gets all its items, in order.
+    """
+    users = users.long()
+    rows, size = uniform.shape
+    count = known.count(users)
+    slots = torch.arange(size, device=users.device)
+    pos = torch.zeros(rows, size, dtype=torch.int64, device=users.device)
+    for i in range(size):
+        j = count - size + i
+        free = (j + 1).clamp_min(1)
+        t = torch.minimum((uniform[:, i] * free).long(), free - 1)
+        taken = (pos[:, :i] == t[:, None]).any(dim=1)
+        pos[:, i] = torch.where(taken, j, t)
+    pos = torch.where((count <= size)[:, None], slots, pos)
+    valid = slots[None, :] < count.clamp(max=size)[:, None]
+    where = (known.indptr[users][:, None] + pos).clamp(0, max(known.indices.numel() - 1, 0))
+    items = known.indices[where] if known.indices.numel() else torch.zeros_like(pos)
+    return torch.where(valid, items, torch.full_like(items, -1))
+
+
 def gathered_dots(rows: torch.Tensor, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """out[b, k] = <rows[b], table[ids[b, k]]>: rows float [B, d], table float [n, d], ids int [B, K] -> [B, K].
 

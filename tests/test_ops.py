@@ -148,6 +148,7 @@ def lookup_opcheck_cases(device: str):
         ]
     return bpr_cases + [
         (torch.ops.pnn_fast.unknown_items.default, [known.indptr, known.indices, users, uniform, known.num_items]),
+        (torch.ops.pnn_fast.history_sample.default, [known.indptr, known.indices, users, uniform]),
         (torch.ops.pnn_fast.gathered_norm_fwd.default, [item_table.clone().requires_grad_(), neg.reshape(-1)]),
         (torch.ops.pnn_fast.gathered_norm_bwd.default, [grad, item_table, neg.reshape(-1), norm]),
         (torch.ops.pnn_fast.gathered_dots_fwd.default, [user_table[users], item_table, neg]),
@@ -163,7 +164,7 @@ def test_opcheck_every_op(device):
     cases = opcheck_cases(device)
     assert {op.name() for op, _ in cases} == {f"pnn_fast::{name}" for name in (
         "hard_negative_argmax", "count_unlabeled", "bottom_k_select", "class_centroids_fwd", "class_centroids_bwd",
-        "pairwise_uniformity_fwd", "pairwise_uniformity_bwd", "unknown_items", "embedding_bpr_fwd",
+        "pairwise_uniformity_fwd", "pairwise_uniformity_bwd", "unknown_items", "history_sample", "embedding_bpr_fwd",
         "embedding_bpr_bwd", "gathered_norm_fwd", "gathered_norm_bwd", "gathered_dots_fwd", "gathered_dots_bwd")}
     for op, args in cases:
         torch.library.opcheck(op, args)

@@ -131,8 +131,9 @@ inline LookupInputs prepare_embedding_bpr(const char* op, const at::Tensor& user
   return in;
 }
 
-// known_indptr / known_indices int64 CSR, users int64 [B], uniform float32 [B, K], on one device.
-inline void check_unknown_items(const char* op, const at::Tensor& known_indptr, const at::Tensor& known_indices,
+// Per-user draws (unknown_items, history_sample): known_indptr / known_indices int64 CSR, users
+// int64 [B], uniform float32 [B, K], on one device.
+inline void check_known_draws(const char* op, const at::Tensor& known_indptr, const at::Tensor& known_indices,
                                 const at::Tensor& users, const at::Tensor& uniform) {
   check_tensor(op, known_indptr, known_indices, "known_indices", at::kLong, {-1}, "known_indptr");
   check_tensor(op, known_indptr, users, "users", at::kLong, {-1}, "known_indptr");

@@ -139,6 +139,29 @@ PNN_HD inline int64_t rank_of_uniform(float u, int64_t free) {
   return rank < free - 1 ? rank : free - 1;
 }
 
+// Floyd's algorithm: `size` distinct positions of [0, n), every such subset equally likely, from
+// `size` uniform draws u[i] in [0, 1) (all of [0, n) in order when n <= size).  Step i considers
+// j = n - size + i and takes t = rank_of_uniform(u[i], j + 1), or j itself when t was taken at an
+// earlier step.  Writes min(n, size) positions to out[0..) and returns that count.
+PNN_HD inline int64_t floyd_positions(int64_t n, int64_t size, const float* u, int64_t* out) {
+  if (n <= size) {
+    for (int64_t i = 0; i < n; ++i) out[i] = i;
+    return n;
+  }
+  for (int64_t i = 0; i < size; ++i) {
+    const int64_t j = n - size + i;
+    int64_t t = rank_of_uniform(u[i], j + 1);
+    for (int64_t m = 0; m < i; ++m) {
+      if (out[m] == t) {
+        t = j;
+        break;
+      }
+    }
+    out[i] = t;
+  }
+  return size;
+}
+
 // One search for unknown_by_rank as a state machine, so that a CPU thread can advance many
 // searches in lockstep and overlap their memory latencies (a user's row is rarely in cache).
 struct UnknownSearch {

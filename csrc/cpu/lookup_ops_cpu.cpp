@@ -1,4 +1,5 @@
-// The table-lookup ops on CPU: unknown_items (the sampler's rank -> item map), embedding_bpr
+// The table-lookup ops on CPU: unknown_items (the sampler's rank -> item map), history_sample
+// (the attention's random subsets of known items), embedding_bpr
 // (BPR over table rows, forward and backward) and gathered_norm (RecBole's EmbLoss term).
 //
 // They replace chains of small ATen ops (gather, dot, softplus, index_add into a zeroed table)
@@ -28,7 +29,7 @@ int64_t lookup_grain(int64_t per_row) {
 at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                              const at::Tensor& uniform, int64_t num_items) {
   constexpr const char* op = "pnn_fast::unknown_items";
-  check_unknown_items(op, known_indptr, known_indices, users, uniform);
+  check_known_draws(op, known_indptr, known_indices, users, uniform);
   const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
   const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
   check_ids_below(op, users_in, indptr.numel() - 1, "users");
@@ -74,6 +75,34 @@ at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& k
     }
   });
   TORCH_CHECK(!bad, op, ": uniform must lie in [0, 1) and every user must have an unknown item");
+  return items;
+}
+
+at::Tensor history_sample_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
+                              const at::Tensor& uniform) {
+  constexpr const char* op = "pnn_fast::history_sample";
+  check_known_draws(op, known_indptr, known_indices, users, uniform);
+  const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
+  const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
+  check_ids_below(op, users_in, indptr.numel() - 1, "users");
+  TORCH_CHECK(uniform_in.numel() == 0 || (uniform_in.min().item<float>() >= 0 && uniform_in.max().item<float>() < 1),
+              op, ": uniform must lie in [0, 1)");
+  at::Tensor items = at::empty(uniform_in.sizes(), users.options());
+  const int64_t rows = uniform_in.size(0), size = uniform_in.size(1);
+  const int64_t* ptr = indptr.data_ptr<int64_t>();
+  const int64_t* known = indices.data_ptr<int64_t>();
+  const int64_t* user = users_in.data_ptr<int64_t>();
+  const float* u = uniform_in.data_ptr<float>();
+  int64_t* out = items.data_ptr<int64_t>();
+  at::parallel_for(0, rows, lookup_grain(size * size), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      int64_t* row = out + b * size;  // positions first, then the items at them
+      const int64_t first = ptr[user[b]];
+      const int64_t taken = floyd_positions(ptr[user[b] + 1] - first, size, u + b * size, row);
+      for (int64_t i = 0; i < taken; ++i) row[i] = known[first + row[i]];
+      for (int64_t i = taken; i < size; ++i) row[i] = -1;
+    }
+  });
   return items;
 }
 
@@ -308,6 +337,7 @@ std::tuple<at::Tensor, at::Tensor> gathered_dots_bwd_cpu(const at::Tensor& grad,
 
 TORCH_LIBRARY_IMPL(pnn_fast, CPU, m) {
   m.impl("unknown_items", &pnn_fast::unknown_items_cpu);
+  m.impl("history_sample", &pnn_fast::history_sample_cpu);
   m.impl("embedding_bpr_fwd", &pnn_fast::embedding_bpr_fwd_cpu);
   m.impl("embedding_bpr_bwd", &pnn_fast::embedding_bpr_bwd_cpu);
   m.impl("gathered_norm_fwd", &pnn_fast::gathered_norm_fwd_cpu);

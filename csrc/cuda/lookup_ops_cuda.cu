@@ -31,6 +31,21 @@ __global__ void unknown_items_kernel(const int64_t* indptr, const int64_t* known
   out[t] = unknown_by_rank(known + first, count, rank_of_uniform(uniform[t], free));
 }
 
+// One thread per row: Floyd's positions written into the row, then replaced by the items.
+__global__ void history_sample_kernel(const int64_t* indptr, const int64_t* known, const int64_t* users,
+                                      const float* uniform, int64_t* out, int64_t rows, int64_t size,
+                                      int64_t num_users) {
+  const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (b >= rows) return;
+  CUDA_KERNEL_ASSERT(users[b] >= 0 && users[b] < num_users);
+  for (int64_t i = 0; i < size; ++i) CUDA_KERNEL_ASSERT(uniform[b * size + i] >= 0.0f && uniform[b * size + i] < 1.0f);
+  int64_t* row = out + b * size;
+  const int64_t first = indptr[users[b]];
+  const int64_t taken = floyd_positions(indptr[users[b] + 1] - first, size, uniform + b * size, row);
+  for (int64_t i = 0; i < taken; ++i) row[i] = known[first + row[i]];
+  for (int64_t i = taken; i < size; ++i) row[i] = -1;
+}
+
 // Per row: the loss sum_k softplus(x_bk), coef[b, k] = softplus'(x_bk) / (B K) and, when the
 // batch is regularized, the row's squared norms squares[b, 0..3) (bpr_row).
 template <typename scalar_t, typename acc_t>
@@ -132,7 +147,7 @@ void launch_flat(Kernel kernel, int64_t threads, Args... args) {
 at::Tensor unknown_items_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                               const at::Tensor& uniform, int64_t num_items) {
   constexpr const char* op = "pnn_fast::unknown_items";
-  check_unknown_items(op, known_indptr, known_indices, users, uniform);
+  check_known_draws(op, known_indptr, known_indices, users, uniform);
   const c10::cuda::CUDAGuard guard(known_indptr.device());
   const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
   const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
@@ -140,6 +155,20 @@ at::Tensor unknown_items_cuda(const at::Tensor& known_indptr, const at::Tensor& 
   launch_flat(unknown_items_kernel, uniform_in.numel(), indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(),
               users_in.data_ptr<int64_t>(), uniform_in.data_ptr<float>(), items.data_ptr<int64_t>(),
               uniform_in.size(0), uniform_in.size(1), indptr.numel() - 1, num_items);
+  return items;
+}
+
+at::Tensor history_sample_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices,
+                               const at::Tensor& users, const at::Tensor& uniform) {
+  constexpr const char* op = "pnn_fast::history_sample";
+  check_known_draws(op, known_indptr, known_indices, users, uniform);
+  const c10::cuda::CUDAGuard guard(known_indptr.device());
+  const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
+  const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
+  at::Tensor items = at::empty(uniform_in.sizes(), users.options());
+  launch_flat(history_sample_kernel, uniform_in.size(0), indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(),
+              users_in.data_ptr<int64_t>(), uniform_in.data_ptr<float>(), items.data_ptr<int64_t>(),
+              uniform_in.size(0), uniform_in.size(1), indptr.numel() - 1);
   return items;
 }
 
@@ -262,6 +291,7 @@ std::tuple<at::Tensor, at::Tensor> gathered_dots_bwd_cuda(const at::Tensor& grad
 
 TORCH_LIBRARY_IMPL(pnn_fast, CUDA, m) {
   m.impl("unknown_items", &pnn_fast::unknown_items_cuda);
+  m.impl("history_sample", &pnn_fast::history_sample_cuda);
   m.impl("embedding_bpr_fwd", &pnn_fast::embedding_bpr_fwd_cuda);
   m.impl("embedding_bpr_bwd", &pnn_fast::embedding_bpr_bwd_cuda);
   m.impl("gathered_norm_fwd", &pnn_fast::gathered_norm_fwd_cuda);
