@@ -100,8 +100,9 @@ class BPRObjective(Objective):
         neg = self.known.sample_unknown(users, int(self.args["num_negatives"]), generator)
         # the L2 term rides along in the BPR op when the scored tables are the layer-0 ones it covers (MF)
         fused_l2 = user_table is model.user_embedding.weight and item_table is model.item_embedding.weight
-        loss = embedding_bpr(user_table, item_table, users, pos_items, neg, reg_weight=self.reg_weight if fused_l2 else 0.0,
-                             backend=self.args["backend"], validate=False)
+        loss = embedding_bpr(user_table, item_table, users, pos_items, neg,
+                             reg_weight=self.reg_weight if fused_l2 else 0.0, backend=self.args["backend"],
+                             validate=False)
         return BatchLoss(loss, users, pos_items, neg, l2_included=fused_l2)
 
 

@@ -142,8 +142,8 @@ def lookup_opcheck_cases(device: str):
         _, coef, norms = torch.ops.pnn_fast.embedding_bpr_fwd(*bpr, reg_weight)
         bpr_cases += [
             (torch.ops.pnn_fast.embedding_bpr_fwd.default, bpr + [reg_weight]),
-            (torch.ops.pnn_fast.embedding_bpr_fwd.default, [user_table.clone().requires_grad_(),
-                                                            item_table.clone().requires_grad_()] + bpr[2:] + [reg_weight]),
+            (torch.ops.pnn_fast.embedding_bpr_fwd.default,
+             [user_table.clone().requires_grad_(), item_table.clone().requires_grad_()] + bpr[2:] + [reg_weight]),
             (torch.ops.pnn_fast.embedding_bpr_bwd.default, [grad, coef, norms] + bpr + [reg_weight]),
         ]
     return bpr_cases + [

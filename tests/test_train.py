@@ -178,7 +178,8 @@ def test_lean_adam_step_equals_optimizer_step(weight_decay):
 
     def run(lean: bool):
         gen = torch.Generator().manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(50, 8, generator=gen)), torch.nn.Parameter(torch.randn(7, generator=gen))]
+        params = [torch.nn.Parameter(torch.randn(50, 8, generator=gen)),
+                  torch.nn.Parameter(torch.randn(7, generator=gen))]
         opt = torch.optim.Adam(params, lr=0.01, weight_decay=weight_decay, fused=True)
         stepper = LeanAdamStep(opt)
         full_steps = []

@@ -174,7 +174,8 @@ BprBatch<scalar_t> bpr_batch(const LookupInputs& in) {
 }
 
 // The forward's norms [3] (accumulation dtype), checked and contiguous, for the backward.
-inline at::Tensor checked_bpr_norms(const char* op, const LookupInputs& in, const at::Tensor& norms, at::ScalarType acc_dtype) {
+inline at::Tensor checked_bpr_norms(const char* op, const LookupInputs& in, const at::Tensor& norms,
+                                    at::ScalarType acc_dtype) {
   check_tensor(op, in.user_table, norms, "norms", acc_dtype, {3}, "user_table");
   return norms.contiguous();
 }

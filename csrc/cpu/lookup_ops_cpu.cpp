@@ -108,7 +108,8 @@ at::Tensor history_sample_cpu(const at::Tensor& known_indptr, const at::Tensor& 
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> embedding_bpr_fwd_cpu(const at::Tensor& user_table,
                                                                      const at::Tensor& item_table,
-                                                                     const at::Tensor& users, const at::Tensor& pos_items,
+                                                                     const at::Tensor& users,
+                                                                     const at::Tensor& pos_items,
                                                                      const at::Tensor& neg_items, double reg_weight) {
   constexpr const char* op = "pnn_fast::embedding_bpr_fwd";
   const LookupInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items, reg_weight);
