@@ -65,6 +65,21 @@ def make_step(problem: dict, backend: str, compiled: bool = False):
     return step
 
 
+def threads_fixture(threads: int):
+    """A module-scoped autouse fixture that runs a benchmark module on ``threads`` torch threads
+    (assign it to a module-level name), restoring the count afterwards."""
+    import pytest
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _threads():
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        yield
+        torch.set_num_threads(before)
+
+    return _threads
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
-import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import threads_fixture
 from pnn_fast.data import load_dataset
 from pnn_fast.objectives import OBJECTIVES
 from pnn_fast.train import TrainConfig, Trainer
@@ -41,12 +43,7 @@ CASES = {**{name: (name, {}) for name in sorted(OBJECTIVES)},
 SELECTED = [name for name in os.environ.get("BENCH_LOSSES", ",".join(CASES)).split(",") if name]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    yield
-    torch.set_num_threads(before)
+_threads = threads_fixture(THREADS)
 
 
 @pytest.fixture(scope="module")

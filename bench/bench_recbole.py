@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,6 +44,8 @@ from recbole.model.general_recommender import BPR
 from recbole.trainer import Trainer as RecBoleTrainer
 from recbole.utils import init_seed
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import threads_fixture
 from pnn_fast import build_info
 from pnn_fast.data import load_dataset
 from pnn_fast.losses import resolve_backend
@@ -75,12 +78,7 @@ def _pedantic(benchmark, key: str, fn, group: str):
     return result
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    yield
-    torch.set_num_threads(before)
+_threads = threads_fixture(THREADS)
 
 
 @pytest.fixture(scope="module")

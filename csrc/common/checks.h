@@ -131,13 +131,21 @@ inline LookupInputs prepare_embedding_bpr(const char* op, const at::Tensor& user
   return in;
 }
 
-// Per-user draws (unknown_items, history_sample): known_indptr / known_indices int64 CSR, users
-// int64 [B], uniform float32 [B, K], on one device.
-inline void check_known_draws(const char* op, const at::Tensor& known_indptr, const at::Tensor& known_indices,
-                                const at::Tensor& users, const at::Tensor& uniform) {
+// Checked, contiguous inputs of the per-user draw ops (unknown_items, history_sample): the known
+// items' CSR (int64 indptr [U + 1], indices), users int64 [B] and uniform float32 [B, K], on one device.
+struct KnownDraws {
+  at::Tensor indptr, indices, users, uniform;
+  int64_t rows = 0, per_row = 0, num_users = 0;
+};
+
+inline KnownDraws prepare_known_draws(const char* op, const at::Tensor& known_indptr,
+                                      const at::Tensor& known_indices, const at::Tensor& users,
+                                      const at::Tensor& uniform) {
   check_tensor(op, known_indptr, known_indices, "known_indices", at::kLong, {-1}, "known_indptr");
   check_tensor(op, known_indptr, users, "users", at::kLong, {-1}, "known_indptr");
   check_tensor(op, known_indptr, uniform, "uniform", at::kFloat, {users.numel(), -1}, "known_indptr");
+  return {known_indptr.contiguous(), known_indices.contiguous(), users.contiguous(), uniform.contiguous(),
+          uniform.size(0), uniform.size(1), known_indptr.numel() - 1};
 }
 
 // table float [n, d], ids int64 [m], on one device.

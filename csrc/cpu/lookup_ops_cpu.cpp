@@ -29,16 +29,14 @@ int64_t lookup_grain(int64_t per_row) {
 at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                              const at::Tensor& uniform, int64_t num_items) {
   constexpr const char* op = "pnn_fast::unknown_items";
-  check_known_draws(op, known_indptr, known_indices, users, uniform);
-  const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
-  const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
-  check_ids_below(op, users_in, indptr.numel() - 1, "users");
-  at::Tensor items = at::empty(uniform_in.sizes(), users.options());
-  const int64_t rows = uniform_in.size(0), per_row = uniform_in.size(1);
-  const int64_t* ptr = indptr.data_ptr<int64_t>();
-  const int64_t* known = indices.data_ptr<int64_t>();
-  const int64_t* user = users_in.data_ptr<int64_t>();
-  const float* u = uniform_in.data_ptr<float>();
+  const KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
+  check_ids_below(op, in.users, in.num_users, "users");
+  at::Tensor items = at::empty(in.uniform.sizes(), users.options());
+  const int64_t rows = in.rows, per_row = in.per_row;
+  const int64_t* ptr = in.indptr.data_ptr<int64_t>();
+  const int64_t* known = in.indices.data_ptr<int64_t>();
+  const int64_t* user = in.users.data_ptr<int64_t>();
+  const float* u = in.uniform.data_ptr<float>();
   int64_t* out = items.data_ptr<int64_t>();
   std::atomic<bool> bad{false};
   // Entries t = b * per_row + k in groups of kLockstep searches advanced together: each step of
@@ -81,28 +79,30 @@ at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& k
 at::Tensor history_sample_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                               const at::Tensor& uniform) {
   constexpr const char* op = "pnn_fast::history_sample";
-  check_known_draws(op, known_indptr, known_indices, users, uniform);
-  const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
-  const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
-  check_ids_below(op, users_in, indptr.numel() - 1, "users");
-  TORCH_CHECK(uniform_in.numel() == 0 || (uniform_in.min().item<float>() >= 0 && uniform_in.max().item<float>() < 1),
-              op, ": uniform must lie in [0, 1)");
-  at::Tensor items = at::empty(uniform_in.sizes(), users.options());
-  const int64_t rows = uniform_in.size(0), size = uniform_in.size(1);
-  const int64_t* ptr = indptr.data_ptr<int64_t>();
-  const int64_t* known = indices.data_ptr<int64_t>();
-  const int64_t* user = users_in.data_ptr<int64_t>();
-  const float* u = uniform_in.data_ptr<float>();
+  const KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
+  check_ids_below(op, in.users, in.num_users, "users");
+  at::Tensor items = at::empty(in.uniform.sizes(), users.options());
+  const int64_t size = in.per_row;
+  const int64_t* ptr = in.indptr.data_ptr<int64_t>();
+  const int64_t* known = in.indices.data_ptr<int64_t>();
+  const int64_t* user = in.users.data_ptr<int64_t>();
+  const float* u = in.uniform.data_ptr<float>();
   int64_t* out = items.data_ptr<int64_t>();
-  at::parallel_for(0, rows, lookup_grain(size * size), [&](int64_t begin, int64_t end) {
+  std::atomic<bool> bad{false};
+  at::parallel_for(0, in.rows, lookup_grain(size * size), [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
+      const float* draws = u + b * size;
+      for (int64_t i = 0; i < size; ++i) {
+        if (!(draws[i] >= 0.0f && draws[i] < 1.0f)) bad = true;
+      }
       int64_t* row = out + b * size;  // positions first, then the items at them
       const int64_t first = ptr[user[b]];
-      const int64_t taken = floyd_positions(ptr[user[b] + 1] - first, size, u + b * size, row);
+      const int64_t taken = floyd_positions(ptr[user[b] + 1] - first, size, draws, row);
       for (int64_t i = 0; i < taken; ++i) row[i] = known[first + row[i]];
       for (int64_t i = taken; i < size; ++i) row[i] = -1;
     }
   });
+  TORCH_CHECK(!bad, op, ": uniform must lie in [0, 1)");
   return items;
 }
 

@@ -146,29 +146,23 @@ void launch_flat(Kernel kernel, int64_t threads, Args... args) {
 
 at::Tensor unknown_items_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                               const at::Tensor& uniform, int64_t num_items) {
-  constexpr const char* op = "pnn_fast::unknown_items";
-  check_known_draws(op, known_indptr, known_indices, users, uniform);
+  const KnownDraws in = prepare_known_draws("pnn_fast::unknown_items", known_indptr, known_indices, users, uniform);
   const c10::cuda::CUDAGuard guard(known_indptr.device());
-  const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
-  const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
-  at::Tensor items = at::empty(uniform_in.sizes(), users.options());
-  launch_flat(unknown_items_kernel, uniform_in.numel(), indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(),
-              users_in.data_ptr<int64_t>(), uniform_in.data_ptr<float>(), items.data_ptr<int64_t>(),
-              uniform_in.size(0), uniform_in.size(1), indptr.numel() - 1, num_items);
+  at::Tensor items = at::empty(in.uniform.sizes(), users.options());
+  launch_flat(unknown_items_kernel, in.uniform.numel(), in.indptr.data_ptr<int64_t>(), in.indices.data_ptr<int64_t>(),
+              in.users.data_ptr<int64_t>(), in.uniform.data_ptr<float>(), items.data_ptr<int64_t>(), in.rows,
+              in.per_row, in.num_users, num_items);
   return items;
 }
 
 at::Tensor history_sample_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices,
                                const at::Tensor& users, const at::Tensor& uniform) {
-  constexpr const char* op = "pnn_fast::history_sample";
-  check_known_draws(op, known_indptr, known_indices, users, uniform);
+  const KnownDraws in = prepare_known_draws("pnn_fast::history_sample", known_indptr, known_indices, users, uniform);
   const c10::cuda::CUDAGuard guard(known_indptr.device());
-  const at::Tensor indptr = known_indptr.contiguous(), indices = known_indices.contiguous();
-  const at::Tensor users_in = users.contiguous(), uniform_in = uniform.contiguous();
-  at::Tensor items = at::empty(uniform_in.sizes(), users.options());
-  launch_flat(history_sample_kernel, uniform_in.size(0), indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(),
-              users_in.data_ptr<int64_t>(), uniform_in.data_ptr<float>(), items.data_ptr<int64_t>(),
-              uniform_in.size(0), uniform_in.size(1), indptr.numel() - 1);
+  at::Tensor items = at::empty(in.uniform.sizes(), users.options());
+  launch_flat(history_sample_kernel, in.rows, in.indptr.data_ptr<int64_t>(), in.indices.data_ptr<int64_t>(),
+              in.users.data_ptr<int64_t>(), in.uniform.data_ptr<float>(), items.data_ptr<int64_t>(), in.rows,
+              in.per_row, in.num_users);
   return items;
 }
 
