@@ -5,27 +5,29 @@
 The variant is decided by capability, never by whether a GPU is visible, so a GPU-less CI or
 Docker host builds the same CUDA kernels a GPU machine does:
 
-* CUDA when a CUDA toolkit is found (CUDA_HOME) and torch is a CUDA build; CPU-only otherwise.
-* FORCE_CUDA=1 turns a missing toolkit into an error; USE_CUDA=0 (or FORCE_ONLY_CPU=1) builds CPU-only.
-* TORCH_CUDA_ARCH_LIST picks the GPU architectures (e.g. "8.0;9.0"), DEBUG=1 gives -O0 -g.
+* CUDA when torch is a CUDA build and a toolkit that can link (nvcc and libcudart) is found:
+  CUDA_HOME or CUDA_PATH, else the nvcc on PATH followed to its real folder (a wrapper script
+  is asked with `nvcc -dryrun`), else /usr/local/cuda. CPU-only otherwise, with the reason printed.
+* FORCE_CUDA=1 turns a missing or unusable toolkit into a one-line error; USE_CUDA=0 (or
+  FORCE_ONLY_CPU=1) builds CPU-only.
+* TORCH_CUDA_ARCH_LIST picks the GPU architectures; unset, the visible GPUs', or with none
+  visible DEFAULT_ARCH_LIST (8.0;9.0+PTX). DEBUG=1 gives -O0 -g.
 
 The torch/CUDA versions of the build are written to pnn_fast/_build_info.json next to _C and
 checked when pnn_fast is imported.
 """
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import torch
 from setuptools import setup
 from torch.utils import cpp_extension
-from torch.utils.cpp_extension import (
-    CUDA_HOME,
-    BuildExtension,
-    CppExtension,
-    CUDAExtension,
-)
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 ROOT = Path(__file__).resolve().parent
 
@@ -34,23 +36,97 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+# The GPUs compiled for when none is visible and TORCH_CUDA_ARCH_LIST is unset: A100 and H100 as
+# machine code, plus PTX for 9.0 that newer GPUs compile at load time. torch's own fallback is
+# every architecture it knows, which takes far longer to build than a first install should.
+DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
+STANDARD_TOOLKIT_FOLDER = Path("/usr/local/cuda")
+
+
+class BuildSetupError(SystemExit):
+    """A one-line build error (setuptools prints a SystemExit's message, no traceback)."""
+
+    def __init__(self, message: str):
+        super().__init__(f"pnn_fast: {message}")
+
+
+def nvcc_reported_folder(nvcc: str):
+    """The toolkit folder a (possibly wrapped) nvcc runs from, as its own dry run reports it.
+
+    An nvcc on PATH may be a script that execs the real one elsewhere, so the folder above the
+    PATH entry need not be the toolkit; `nvcc -dryrun` prints `#$ _HERE_=<the real bin folder>`.
+    """
+    try:
+        run = subprocess.run([nvcc, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"^#\$ _HERE_=(.+)$", run.stdout + run.stderr, re.MULTILINE)
+    return Path(found.group(1).strip()).parent if found else None
+
+
+def find_cuda_toolkit():
+    """(folder, how it was found), or (None, why not): CUDA_HOME or CUDA_PATH when set, else the
+    folder of the nvcc on PATH (through symlinks and wrapper scripts), else /usr/local/cuda."""
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(name):
+            return Path(os.environ[name]), f"{name}={os.environ[name]}"
+    nvcc = shutil.which("nvcc")
+    if nvcc is not None:
+        # the folder above the real file (through symlinks), else the one a wrapper script execs
+        folders = [Path(nvcc).resolve().parent.parent, nvcc_reported_folder(nvcc)]
+        toolkits = [f for f in folders if f is not None and (f / "bin" / "nvcc").exists()]
+        if toolkits:
+            linkable = [f for f in toolkits if cudart_library(f)]
+            return (linkable or toolkits)[0], f"the nvcc on PATH ({nvcc})"
+    if (STANDARD_TOOLKIT_FOLDER / "bin" / "nvcc").exists():
+        return STANDARD_TOOLKIT_FOLDER, f"the standard install folder {STANDARD_TOOLKIT_FOLDER}"
+    return None, "no CUDA toolkit found (no nvcc on PATH, no /usr/local/cuda, CUDA_HOME unset)"
+
+
+def cudart_library(folder: Path):
+    """The CUDA runtime library the extension links against, or None."""
+    for lib in ("lib64/libcudart.so", "lib/libcudart.so", "lib/x64/cudart.lib", "targets/x86_64-linux/lib/libcudart.so",
+                "targets/sbsa-linux/lib/libcudart.so"):
+        if (folder / lib).exists():
+            return folder / lib
+    return None
+
+
 def choose_variant():
-    """(with_cuda, reason)."""
+    """(with_cuda, reason). Sets torch's CUDA_HOME to the toolkit found when building CUDA."""
     if os.environ.get("USE_CUDA", "").strip() == "0" or env_flag("FORCE_ONLY_CPU"):
         if env_flag("FORCE_CUDA"):
-            raise RuntimeError("FORCE_CUDA=1 contradicts USE_CUDA=0 / FORCE_ONLY_CPU=1")
+            raise BuildSetupError("FORCE_CUDA=1 contradicts USE_CUDA=0 / FORCE_ONLY_CPU=1")
         return False, "USE_CUDA=0 / FORCE_ONLY_CPU=1"
-    if CUDA_HOME is None:
-        why = "no CUDA toolkit found (set CUDA_HOME or put nvcc on PATH)"
-    elif not (Path(CUDA_HOME) / "bin" / "nvcc").exists():
-        why = f"CUDA_HOME={CUDA_HOME} has no bin/nvcc"
+    toolkit, found_by = find_cuda_toolkit()
+    if toolkit is None:
+        why = found_by
+    elif not (toolkit / "bin" / "nvcc").exists():
+        why = f"{found_by} has no bin/nvcc"
+    elif cudart_library(toolkit) is None:
+        why = f"the CUDA toolkit at {toolkit} ({found_by}) has no CUDA runtime library (libcudart) to link"
     elif torch.version.cuda is None:
-        why = f"torch {torch.__version__} is a CPU-only build"
+        why = f"torch {torch.__version__} is a CPU-only build (CUDA toolkit at {toolkit} not used)"
     else:
-        return True, f"CUDA toolkit at {CUDA_HOME}, torch built with CUDA {torch.version.cuda}"
+        # torch guessed its own CUDA_HOME at import, from the nvcc on PATH; build with the one found here
+        cpp_extension.CUDA_HOME = str(toolkit)
+        os.environ["CUDA_HOME"] = str(toolkit)
+        return True, f"CUDA toolkit at {toolkit} (from {found_by}), torch built with CUDA {torch.version.cuda}"
     if env_flag("FORCE_CUDA"):
-        raise RuntimeError(f"FORCE_CUDA=1 but {why}")
+        raise BuildSetupError(f"FORCE_CUDA=1 but {why}")
     return False, why
+
+
+def cuda_arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST when set; the visible GPUs' when there are any (torch's own choice);
+    else DEFAULT_ARCH_LIST, written to the environment for torch's build to read."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    if torch.cuda.is_available():
+        return "the visible GPUs' (torch default)"
+    os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCH_LIST
+    return DEFAULT_ARCH_LIST
 
 
 def openmp_flags():
@@ -66,8 +142,10 @@ def relative_sources(pattern: str):
 
 
 WITH_CUDA, REASON = choose_variant()
+ARCH_LIST = cuda_arch_list() if WITH_CUDA else None
 DEBUG = env_flag("DEBUG")
-print(f"pnn_fast: building the {'CUDA' if WITH_CUDA else 'CPU-only'} variant: {REASON}", flush=True)
+print(f"pnn_fast: building the {'CUDA' if WITH_CUDA else 'CPU-only'} variant: {REASON}"
+      + (f"; GPU architectures {ARCH_LIST}" if WITH_CUDA else ""), flush=True)
 
 # Limited Python API (one abi3 .so for every Python): torch >= 2.6 defines Py_LIMITED_API itself for
 # py_limited_api extensions, as its oldest supported CPython; older torch needs the define from us.
@@ -96,7 +174,7 @@ BUILD_INFO = {
     "variant_reason": REASON,
     "torch_version": torch.__version__,
     "cuda_version": torch.version.cuda if WITH_CUDA else None,
-    "cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST", "torch default") if WITH_CUDA else None,
+    "cuda_arch_list": ARCH_LIST,
     "debug": DEBUG,
 }
 

@@ -19,7 +19,7 @@ import torch
 
 _BUILD_INFO_FILE = Path(__file__).with_name("_build_info.json")
 _BUILD_COMMAND = "pip install --no-build-isolation -e ."
-_CUDA_BUILD_COMMAND = f'FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="<your GPU, e.g. 8.0;9.0>" {_BUILD_COMMAND}'
+_CUDA_BUILD_COMMAND = f"FORCE_CUDA=1 {_BUILD_COMMAND}"
 
 
 def _load() -> dict:

@@ -15,6 +15,11 @@ EXAMPLES = """examples:
 """
 
 
+# The built-in data set is a demonstration: this many epochs keep the README's first command under
+# five minutes on two cores (PNN's valid NDCG@20 is then about 0.15, against 0.02 after one epoch).
+SYNTHETIC_EPOCHS = 50
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad options end in one line on stderr, not a usage dump or a traceback."""
 
@@ -44,7 +49,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=d.model, choices=["mf", "lightgcn", "ngcf", "sgl"])
     g.add_argument("--loss", default=d.loss, choices=sorted(OBJECTIVES))
     g.add_argument("--dim", type=int, default=d.dim, help="embedding size")
-    g.add_argument("--epochs", type=int, default=d.epochs)
+    g.add_argument("--epochs", type=int, default=None,
+                   help=f"at most this many epochs (default {d.epochs}; {SYNTHETIC_EPOCHS} on the built-in synthetic data)")
     g.add_argument("--batch-size", type=int, default=d.batch_size)
     g.add_argument("--lr", type=float, default=d.lr)
     g.add_argument("--reg-weight", type=float, default=d.reg_weight,
@@ -157,8 +163,11 @@ def _config(args, loss: str):
     from .train import TrainConfig
 
     args.loss = loss
+    epochs = args.epochs
+    if epochs is None:
+        epochs = SYNTHETIC_EPOCHS if args.data is None else TrainConfig.epochs
     return TrainConfig(
-        model=args.model, loss=loss, dim=args.dim, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        model=args.model, loss=loss, dim=args.dim, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
         reg_weight=args.reg_weight, seed=args.seed, device=args.device, patience=args.patience,
         valid_metric=args.valid_metric, loss_args=_loss_args(args),
         model_args=_parse_pairs("--model-arg", args.model_arg))

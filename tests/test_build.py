@@ -45,7 +45,7 @@ def test_require_kernels_says_how_to_rebuild(monkeypatch):
     monkeypatch.setitem(_extension._INFO, "variant_reason", "USE_CUDA=0")
     assert _extension.has_kernels("cpu") and not _extension.has_kernels("cuda")
     with pytest.raises(RuntimeError, match=r"built without CUDA kernels \(USE_CUDA=0\).*FORCE_CUDA=1 "
-                                           r"TORCH_CUDA_ARCH_LIST=.*pip install --no-build-isolation -e \."):
+                                           r"pip install --no-build-isolation -e \."):
         _extension.require_kernels(torch.device("cuda", 0))
     monkeypatch.setitem(_extension._INFO, "compiled", False)
     monkeypatch.setitem(_extension._INFO, "reason", "pnn_fast._C is not built")
@@ -75,7 +75,7 @@ def test_missing_extension_warns_once_and_falls_back(monkeypatch):
 def setup_variant(**env) -> subprocess.CompletedProcess:
     """`python setup.py --name` under `env`: prints the variant line without building."""
     full_env = {**os.environ, **env}
-    for name in ("USE_CUDA", "FORCE_CUDA", "FORCE_ONLY_CPU"):
+    for name in ("USE_CUDA", "FORCE_CUDA", "FORCE_ONLY_CPU", "CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST"):
         if name not in env:
             full_env.pop(name, None)
     return subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, env=full_env, capture_output=True,
@@ -105,3 +105,44 @@ def test_project_metadata():
 
     found = find_packages(where=str(ROOT), **meta["tool"]["setuptools"]["packages"]["find"])
     assert {"pnn_fast", "pnn_fast.data", "pnn_fast.models"} <= set(found)
+
+
+def fake_toolkit(root: Path, *, cudart: bool) -> Path:
+    """A toolkit folder (bin/nvcc, and lib64/libcudart.so when ``cudart``) and, in root/wrapper, an
+    nvcc wrapper script outside it that reports the toolkit in a dry run, as the real nvcc does."""
+    toolkit = root / "cuda-fake"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "bin" / "nvcc").write_text("#!/bin/sh\nexit 1\n")
+    if cudart:
+        (toolkit / "lib64").mkdir()
+        (toolkit / "lib64" / "libcudart.so").write_text("")
+    wrapper = root / "wrapper"
+    wrapper.mkdir()
+    (wrapper / "nvcc").write_text(f"#!/bin/sh\necho '#$ _HERE_={toolkit / 'bin'}'\n")
+    (wrapper / "nvcc").chmod(0o755)
+    return toolkit
+
+
+def test_setup_finds_the_toolkit_behind_an_nvcc_wrapper(tmp_path):
+    toolkit = fake_toolkit(tmp_path, cudart=True)
+    found = setup_variant(PATH=f"{tmp_path / 'wrapper'}:{os.environ['PATH']}")
+    assert found.returncode == 0, found.stderr
+    if torch.version.cuda:
+        assert f"building the CUDA variant: CUDA toolkit at {toolkit} (from the nvcc on PATH" in found.stdout
+        assert "GPU architectures" in found.stdout
+    else:
+        assert f"CPU-only build (CUDA toolkit at {toolkit} not used)" in found.stdout
+
+
+def test_setup_builds_cpu_only_when_the_toolkit_cannot_link(tmp_path):
+    toolkit = fake_toolkit(tmp_path, cudart=False)
+    path = f"{tmp_path / 'wrapper'}:{os.environ['PATH']}"
+    quiet = setup_variant(PATH=path)
+    assert quiet.returncode == 0, quiet.stderr
+    assert f"CPU-only variant: the CUDA toolkit at {toolkit} (the nvcc on PATH" in quiet.stdout
+    assert "no CUDA runtime library (libcudart) to link" in quiet.stdout
+    forced = setup_variant(PATH=path, FORCE_CUDA="1")
+    assert forced.returncode != 0
+    last_line = forced.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("pnn_fast: FORCE_CUDA=1 but the CUDA toolkit at") and "libcudart" in last_line
+    assert "Traceback" not in forced.stderr
