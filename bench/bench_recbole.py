@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import threads_fixture
 from pnn_fast import build_info
 from pnn_fast.data import load_dataset
-from pnn_fast.losses import resolve_backend
+from pnn_fast.backends import select as select_backend
 from pnn_fast.train import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,7 +252,7 @@ EXTRA = pytest.mark.skipif(os.environ.get("BENCH_EXTRA") != "1", reason="informa
 ])
 def test_loss_epoch_ours(benchmark, data, tmp_path, name, loss, loss_args):
     trainer = _ours(data, loss, tmp_path, **loss_args)
-    NOTES[f"{name} backend"] = resolve_backend(trainer.objective.args["backend"], trainer.device).__name__
+    NOTES[f"{name} backend"] = select_backend(trainer.objective.args["backend"], trainer.device).__name__
     benchmark.extra_info.update(backend=NOTES[f"{name} backend"], loss_args=trainer.objective.args)
     assert math.isfinite(_pedantic(benchmark, f"ours {name} epoch", lambda: trainer.train_epoch(progress=False),
                                    "ours-loss-epoch"))

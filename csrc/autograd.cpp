@@ -4,7 +4,7 @@
 // Python autograd registration (torch.library.register_autograd) added about 0.14 ms to it: the
 // Python wrapper on the way forward and the Python backward node.  A torch::autograd::Function
 // registered for the Autograd key does the same routing without entering Python.  The other ops
-// keep their Python autograd (pnn_fast/ops.py), where a step costs tens of milliseconds.
+// keep their Python autograd (pnn_fast/ops/<op>.py), where a step costs tens of milliseconds.
 //
 // Both functions only route tensors: the math is in the *_bwd ops, whatever the backend.  Their
 // fake (meta) kernels stay in Python, so torch.compile traces through these functions.

@@ -1,7 +1,7 @@
-// The pnn_fast operator library: every schema, registered once.  The kernels are registered per
-// backend by csrc/cpu/*_cpu.cpp (TORCH_LIBRARY_IMPL CPU) and csrc/cuda/*_cuda.cu (CUDA); fake
-// (meta) implementations and most autograd are registered from Python in pnn_fast/ops.py; the
-// autograd of the two ops on every BPR step is in csrc/autograd.cpp.
+// The pnn_fast operator library: every schema, registered once.  Each op's kernels are registered
+// per backend by csrc/cpu/<op>_cpu.cpp (TORCH_LIBRARY_IMPL CPU) and csrc/cuda/<op>_cuda.cu (CUDA);
+// its fake (meta) implementation and, for most ops, its autograd by pnn_fast/ops/<op>.py; the
+// autograd of the two ops on every BPR step (embedding_bpr, gathered_norm) is in csrc/autograd.cpp.
 //
 // Shapes: B rows, C candidates, d embedding size, I items, n points; ids are int64.  The
 // thresholds are in the accumulation dtype (float32 for float16/bfloat16/float32 inputs).
@@ -29,15 +29,11 @@ TORCH_LIBRARY(pnn_fast, m) {
   m.def(
       "count_unlabeled(Tensor user_emb, Tensor item_table, Tensor users, Tensor pos_items, Tensor candidates, "
       "Tensor known_indptr, Tensor known_indices) -> Tensor");
-  // (threshold [B], cutoff int64 [B]): the k[b] lowest (score, j) of U_b are those <= (threshold, cutoff);
-  // k is clamped to [0, |U_b|] and cutoff is -1 when it is 0.
-  m.def(
-      "bottom_k_select(Tensor user_emb, Tensor item_table, Tensor users, Tensor pos_items, Tensor candidates, "
-      "Tensor known_indptr, Tensor known_indices, Tensor k) -> (Tensor, Tensor)");
   // (neutral [B, d], negative [B, d], num_neutral int64 [B], num_negative int64 [B], threshold, cutoff,
   //  hard int64 [B]): the class means (0 for an empty class) of the candidates' item rows, the
-  // negative class being the selection of bottom_k_select, whose state it returns for the
-  // backward; and, from the same scores, the hard negative of hard_negative_argmax.
+  // negative class being the k[b] lowest (score, j) of U_b (k clamped to [0, |U_b|]), which are
+  // those <= (threshold, cutoff) (cutoff -1 when none): the selection state the backward reads;
+  // and, from the same scores, the hard negative of hard_negative_argmax.
   m.def(
       "class_centroids_fwd(Tensor user_emb, Tensor item_table, Tensor users, Tensor pos_items, "
       "Tensor candidates, Tensor known_indptr, Tensor known_indices, Tensor k) "

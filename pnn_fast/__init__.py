@@ -4,10 +4,12 @@ A fast, drop-in implementation of the RecSys'24 PNN loss with fused C++/CUDA ker
 pure-PyTorch reference backend of identical semantics (docs/semantics.md).
 """
 from ._extension import build_info
+from ._version import __version__
+from .attention import UserAwareAttention
+from .csr import CSR
 from .known import KnownPositives
-from .losses import BPRLoss, DNSLoss, PNNLoss, UserAwareAttention, embedding_bpr
+from .losses import BPRLoss, DNSLoss, PNNLoss, embedding_bpr
+from .sampling import sample_unknown
 
-__version__ = "0.1.0"
-
-__all__ = ["BPRLoss", "DNSLoss", "KnownPositives", "PNNLoss", "UserAwareAttention", "build_info", "embedding_bpr",
-           "__version__"]
+__all__ = ["BPRLoss", "CSR", "DNSLoss", "KnownPositives", "PNNLoss", "UserAwareAttention", "build_info",
+           "embedding_bpr", "sample_unknown", "__version__"]

@@ -6,6 +6,12 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
+from .data import load_dataset, synthetic_dataset
+from .objectives import OBJECTIVES
+from .train import Trainer, TrainConfig, load_config, run
+
 EXAMPLES = """examples:
   pnn-fast train                                   # built-in synthetic data, MF + PNN
   pnn-fast train --data ../shared/data/ml-1m --split rs --model lightgcn --loss pnn
@@ -40,9 +46,6 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
-    from .objectives import OBJECTIVES
-    from .train import TrainConfig
-
     d = TrainConfig()
     pnn = OBJECTIVES["pnn"].DEFAULTS
     g = p.add_argument_group("model and optimisation")
@@ -151,8 +154,6 @@ def _loss_args(args) -> dict:
 
 
 def _load_data(args):
-    from .data import load_dataset, synthetic_dataset
-
     if args.data is None:
         return synthetic_dataset()
     return load_dataset(args.data, format=args.format, split=args.split, seed=args.split_seed,
@@ -160,8 +161,6 @@ def _load_data(args):
 
 
 def _config(args, loss: str):
-    from .train import TrainConfig
-
     args.loss = loss
     epochs = args.epochs
     if epochs is None:
@@ -174,8 +173,6 @@ def _config(args, loss: str):
 
 
 def _train(args) -> None:
-    from .train import run
-
     config = _config(args, args.loss)
     data = _load_data(args)
     print(data.summary())
@@ -195,8 +192,6 @@ def comparison_table(rows: list) -> str:
 
 
 def _compare(args) -> None:
-    from .train import run
-
     losses = list(dict.fromkeys(["bpr", "dns", "pnn"] + [x for x in args.losses.split(",") if x]))
     configs = {loss: _config(args, loss) for loss in losses}  # every config checked before any training
     data = _load_data(args)
@@ -212,10 +207,6 @@ def _compare(args) -> None:
 
 
 def _evaluate(args) -> None:
-    import torch
-
-    from .train import Trainer, load_config
-
     state = torch.load(args.checkpoint, map_location=args.device, weights_only=False)
     config = load_config(state["config"], device=args.device)
     trainer = Trainer(_load_data(args), config, Path(args.checkpoint).parent)

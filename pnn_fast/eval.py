@@ -38,54 +38,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
-
 import torch
 
 from ._checks import check_id_tensor, require_tensor
+from .csr import CSR
 
 METRICS = ("recall", "ndcg", "hit", "precision", "mrr")
 
 
-class CSR(NamedTuple):
-    """Item ids per user: user ``u`` owns ``indices[indptr[u]:indptr[u+1]]`` (sorted, distinct).
-
-    indptr: int64 [num_users + 1]; indices: int64 [nnz].
-    """
-
-    indptr: torch.Tensor
-    indices: torch.Tensor
-
-
-def csr_from_pairs(users: torch.Tensor, items: torch.Tensor, num_users: int) -> CSR:
-    """CSR of interaction pairs (int tensors of one shape [n]); repeated pairs are kept once.
-
-    Raises:
-        ValueError: shapes differ or a user id is outside ``[0, num_users)`` or an item id is negative.
-    """
-    check_id_tensor("users", users, None)
-    check_id_tensor("items", items, tuple(users.shape))
-    users, items = users.reshape(-1).long(), items.reshape(-1).long()
-    if users.numel() and (int(users.min()) < 0 or int(users.max()) >= num_users):
-        raise ValueError(f"users has ids outside [0, {num_users})")
-    if items.numel() and int(items.min()) < 0:
-        raise ValueError("items has negative ids")
-    span = int(items.max()) + 1 if items.numel() else 1
-    keys = torch.unique(users * span + items)  # sorted by user, then item
-    indptr = torch.zeros(num_users + 1, dtype=torch.int64, device=keys.device)
-    indptr[1:] = torch.cumsum(torch.bincount(keys // span, minlength=num_users), 0)
-    return CSR(indptr, keys % span)
-
-
 def _is_pair(obj) -> bool:
-    """Whether ``obj`` is a (users, items) pair of tensors (a CSR NamedTuple is checked before)."""
+    """Whether ``obj`` is a (users, items) pair of tensors (a CSR is checked before)."""
     return isinstance(obj, (tuple, list)) and len(obj) == 2 and all(isinstance(t, torch.Tensor) for t in obj)
 
 
 def _as_csr(name: str, obj, num_users: int, num_items: int, device: torch.device) -> CSR:
     """Validate a CSR-like object or a (users, items) pair and move it to ``device``."""
     if not hasattr(obj, "indptr") and _is_pair(obj):
-        obj = csr_from_pairs(obj[0], obj[1], num_users)
+        users, items = obj
+        check_id_tensor(f"{name}[0] (users)", users, None)
+        check_id_tensor(f"{name}[1] (items)", items, tuple(users.shape))
+        if users.numel() and (int(users.min()) < 0 or int(users.max()) >= num_users):
+            raise ValueError(f"{name}[0] (users) has ids outside [0, {num_users})")
+        if items.numel() and int(items.min()) < 0:
+            raise ValueError(f"{name}[1] (items) has negative ids")
+        span = int(items.max()) + 1 if items.numel() else 1  # items beyond the table fail the check below
+        obj = CSR.from_checked_pairs(users, items, num_users, span)
     if not (hasattr(obj, "indptr") and hasattr(obj, "indices")):
         raise TypeError(f"{name} must have .indptr and .indices (CSR) or be a (users, items) pair of tensors, "
                         f"got {type(obj).__name__}")
@@ -96,7 +73,7 @@ def _as_csr(name: str, obj, num_users: int, num_items: int, device: torch.device
     indices = obj.indices.to(device=device, dtype=torch.int64)
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= num_items):
         raise ValueError(f"{name}.indices must lie in [0, {num_items})")
-    return CSR(obj.indptr.to(device=device, dtype=torch.int64), indices)
+    return CSR(obj.indptr.to(device=device, dtype=torch.int64), indices, num_users, num_items)
 
 
 def _rows_of(csr: CSR, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,111 +7,17 @@ score is an inner product can swap its loss for these.
 from __future__ import annotations
 
 import math
-from types import ModuleType
 from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import reference
+from . import backends
 from ._checks import check_embedding, check_id_tensor, check_same, check_values, require_tensor, validate_batch
+from .attention import UserAwareAttention
+from .backends.rows import NORM_EPS
 from .known import KnownPositives
-
-BACKENDS = ("auto", "reference", "cpu", "cuda")
-
-
-def resolve_backend(backend: str, device: torch.device) -> ModuleType:
-    """The module implementing the per-row terms for ``backend`` on ``device``.
-
-    "auto" takes the fused kernels when they were built for the device type and the
-    reference otherwise; "cpu"/"cuda" demand the fused kernels of that device type.
-    """
-    if backend == "reference":
-        return reference
-    from . import _extension
-
-    if backend == "auto":
-        if not _extension.has_kernels(device.type):
-            return reference
-    else:
-        if device.type != backend:
-            raise ValueError(f"backend={backend!r} but the inputs are on {device}; move them or use backend='auto'")
-        _extension.require_kernels(device)
-    from . import fused
-
-    return fused
-
-
-def _check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend
-
-
-def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
-    return x + torch.log(-torch.expm1(-x))
-
-
-class UserAwareAttention(nn.Module):
-    """lambda_u = sigmoid(w1 . sum_h a_h e_h), a = softmax_h(e_u . tanh(W2 e_h + b)).
-
-    The paper's adaptive weight between the BPR warm-up and the PNN loss. ``w1`` and ``W2`` are
-    constrained non-negative (the paper's R_+) through a softplus re-parametrisation, which
-    keeps every entry positive and trainable (a clamp would freeze entries that cross zero).
-    The history is up to ``history_len`` of the user's known items, a uniform random subset
-    (without replacement) when the user has more.
-    """
-
-    def __init__(self, dim: int, history_len: int = 50):
-        super().__init__()
-        self.dim = dim
-        self.history_len = history_len
-        scale = math.sqrt(2.0 / (dim + dim))  # xavier-normal std of a d x d matrix
-        self.raw_w1 = nn.Parameter(_inverse_softplus(torch.randn(dim).abs() * scale + 1e-3))
-        self.raw_w2 = nn.Parameter(_inverse_softplus(torch.randn(dim, dim).abs() * scale + 1e-3))
-        self.bias = nn.Parameter(torch.zeros(dim))
-
-    @property
-    def w1(self) -> torch.Tensor:
-        return F.softplus(self.raw_w1)
-
-    @property
-    def w2(self) -> torch.Tensor:
-        return F.softplus(self.raw_w2)
-
-    def sample_history(self, known: KnownPositives, users: torch.Tensor,
-                       impl: ModuleType = reference) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Up to history_len random known items per user (``impl.history_sample``: Floyd's
-        algorithm, O(L^2) per user whatever its number of items).
-
-        Returns ``(items int64 [n, L], mask bool [n, L])`` for the ``n`` given users,
-        L = history_len; padded slots hold item 0 and mask False.
-        """
-        uniform = torch.rand(users.numel(), self.history_len, device=users.device)
-        items = impl.history_sample(known, users, uniform)
-        mask = items >= 0
-        return items.clamp_min(0), mask
-
-    def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
-                known: KnownPositives, impl: ModuleType = reference) -> torch.Tensor:
-        """lambda per row: float [B] in (0, 1); e_u is each row's own user embedding.
-
-        One history sample per distinct user of the batch, shared by that user's rows. ``impl`` is
-        the backend module (:func:`resolve_backend`) that computes the logits.
-        """
-        unique_users, row_of = torch.unique(users, return_inverse=True)
-        items, mask = self.sample_history(known, unique_users, impl)
-        # the key and <e_h, w1> depend on the item only: evaluate them once per distinct history item
-        hist_items, hist_of = torch.unique(items, return_inverse=True)
-        hist_rows = item_table[hist_items]
-        keys = torch.tanh(hist_rows @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
-        slots = hist_of[row_of]  # [B, L]: each row's history as indices into hist_items
-        logits = impl.gathered_dots(user_emb, keys, slots).masked_fill(~mask[row_of], float("-inf"))
-        weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
-        # w1 . sum_l a_l e_l = sum_l a_l (e_l . w1): a weighted sum of scalars, not of [d] rows
-        along_w1 = reference.gather_rows(hist_rows @ self.w1.to(hist_rows.dtype), slots)  # [B, L]
-        return torch.sigmoid((weights * along_w1).sum(dim=1))
 
 
 class PNNLoss(nn.Module):
@@ -168,7 +74,7 @@ class PNNLoss(nn.Module):
         self.lambda_mode = lambda_mode
         self.fixed_lambda = float(fixed_lambda)
         self.use_rank = use_rank
-        self.backend = _check_backend(backend)
+        self.backend = backends.check_name(backend)
         self.validate = validate
         self.attention = UserAwareAttention(dim, history_len) if lambda_mode == "attention" else None
 
@@ -177,7 +83,7 @@ class PNNLoss(nn.Module):
                 noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_components: bool = False):
         validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise, self.validate)
         known = self.known = self.known.to(user_emb.device)  # moved once, then cached
-        impl = resolve_backend(self.backend, user_emb.device)
+        impl = backends.select(self.backend, user_emb.device)
         candidates = pos_items if neg_items is None else neg_items
         if noise is None:
             noise = (torch.rand_like(user_emb) * self.noise_max, torch.rand_like(user_emb) * self.noise_max)
@@ -190,11 +96,11 @@ class PNNLoss(nn.Module):
         else:
             x = item_table[torch.unique(candidates)]
             if self.uniform_normalize:
-                x = F.normalize(x, dim=1, eps=reference.NORM_EPS)
+                x = F.normalize(x, dim=1, eps=NORM_EPS)
             uniform = impl.pairwise_uniformity(x, self.uniform_t)
 
         if self.attention is not None:
-            lam = self.attention(user_emb, item_table, users, known, impl)
+            lam = self.attention(user_emb, item_table, users, known, self.backend)
         else:
             lam = torch.full_like(terms["bpr"], self.fixed_lambda)
 
@@ -261,7 +167,7 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     check_same("user_table", user_table, [("users", users)], dtype=False)
     neg = _check_bpr_ids("user_table", user_table, item_table, users.numel(), pos_items, neg_items, validate,
                          extra=[("users", users, user_table.shape[0])])
-    impl = resolve_backend(_check_backend(backend), user_table.device)
+    impl = backends.select(backends.check_name(backend), user_table.device)
     return impl.embedding_bpr(user_table, item_table, users, pos_items, neg, float(reg_weight))
 
 
@@ -275,7 +181,7 @@ class BPRLoss(nn.Module):
 
     def __init__(self, *, backend: str = "auto", validate: bool = True):
         super().__init__()
-        self.backend = _check_backend(backend)
+        self.backend = backends.check_name(backend)
         self.validate = validate
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
@@ -284,7 +190,7 @@ class BPRLoss(nn.Module):
         check_embedding("user_emb", user_emb, rows=None, dim=user_emb.shape[-1] if user_emb.dim() == 2 else -1)
         rows = torch.arange(user_emb.shape[0], device=user_emb.device)
         neg = _check_bpr_ids("user_emb", user_emb, item_table, user_emb.shape[0], pos_items, neg_items, self.validate)
-        impl = resolve_backend(self.backend, user_emb.device)
+        impl = backends.select(self.backend, user_emb.device)
         return impl.embedding_bpr(user_emb, item_table, rows, pos_items, neg)
 
 
@@ -302,7 +208,7 @@ class DNSLoss(nn.Module):
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
         self.known = known
-        self.backend = _check_backend(backend)
+        self.backend = backends.check_name(backend)
         self.validate = validate
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
@@ -311,7 +217,7 @@ class DNSLoss(nn.Module):
         dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
         validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None, self.validate)
         self.known = self.known.to(user_emb.device)  # no copy when already there
-        impl = resolve_backend(self.backend, user_emb.device)
+        impl = backends.select(self.backend, user_emb.device)
         candidates = pos_items if neg_items is None else neg_items
         bpr, hard, _ = impl.hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, self.known)
         valid = hard >= 0

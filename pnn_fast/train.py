@@ -1,7 +1,7 @@
 """A thin trainer: RecBole's protocol for the paper's experiments, without its overheads.
 
 Each epoch shuffles the training pairs on the device, draws negatives on the device
-(:meth:`KnownPositives.sample_unknown`, exact and loop-free) and keeps the running loss
+(:func:`pnn_fast.sampling.sample_unknown`, exact and loop-free) and keeps the running loss
 on the device, so a batch costs no host synchronisation in the trainer itself. After each
 epoch it evaluates on the validation split, keeps the best state, writes a checkpoint
 (atomically: an interrupted run resumes where the last epoch ended, with the same random
@@ -22,10 +22,13 @@ from pathlib import Path
 
 import torch
 from torch.optim.adam import adam as functional_adam
+from tqdm.auto import tqdm
 
-from . import __version__, build_info
+from ._extension import build_info
+from ._version import __version__
 from .data import Dataset
 from .eval import evaluate
+from .csr import CSR
 from .known import KnownPositives
 from .models import Recommender, build_model
 from .objectives import build_objective, embedding_l2
@@ -119,13 +122,12 @@ class Trainer:
         self.train_users, self.train_items = train_users, train_items
         self.known = KnownPositives.from_pairs(train_users, train_items, data.num_users, data.num_items)
         # held-out splits as CSR once, so each evaluation only scores and ranks
-        self.held_out = {name: KnownPositives.from_pairs(*(t.to(self.device) for t in getattr(data, name)),
-                                                        data.num_users, data.num_items)
+        self.held_out = {name: CSR.from_pairs(*(t.to(self.device) for t in getattr(data, name)),
+                                              data.num_users, data.num_items)
                          for name in ("valid", "test") if getattr(data, name)[0].numel()}
         self.model = build_model(config.model, data.num_users, data.num_items, train_users, train_items,
                                  dim=config.dim, **config.model_args).to(self.device)
-        self.objective = build_objective(config.loss, self.known, self.model, reg_weight=config.reg_weight,
-                                         **config.loss_args).to(self.device)
+        self.objective = build_objective(config.loss, self.known, self.model, **config.loss_args).to(self.device)
         params = list(self.model.parameters()) + list(self.objective.parameters())
         # the fused (multi-tensor, one kernel) Adam: the same update as the default one, several
         # times cheaper on the full embedding tables that every step updates
@@ -138,15 +140,14 @@ class Trainer:
 
     # ---- one epoch ------------------------------------------------------------------
     def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        out = self.objective(self.model, users, pos, self.generator)
+        # the L2 weight is the trainer's; the objective may fuse the term into its own op
+        out = self.objective(self.model, users, pos, self.generator, reg_weight=self.config.reg_weight)
         loss = out.loss + self.model.auxiliary_loss(users, pos) if self.model.has_auxiliary_loss else out.loss
         if self.config.reg_weight == 0 or out.l2_included:  # (RecBole's BPR model has no L2 term)
             return loss
         return loss + self.config.reg_weight * embedding_l2(self.model, out.users, out.pos_items, out.neg_items)
 
     def train_epoch(self, progress: bool = True) -> float:
-        from tqdm.auto import tqdm
-
         self.model.train()
         self.objective.train()
         self.model.on_epoch_start(self.generator)
@@ -272,7 +273,7 @@ class Trainer:
 
 def plot_curves(history: list, metric: str, path: Path) -> None:
     """Training loss and the validation metric per epoch, as a PNG."""
-    import matplotlib
+    import matplotlib  # here, not at the top: matplotlib takes a second to import and only plots need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

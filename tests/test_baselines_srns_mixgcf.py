@@ -9,10 +9,11 @@ import torch
 from conftest import data_path
 from test_train import popularity_ndcg
 
-from pnn_fast.baselines.mixgcf import MixGCFObjective, model_layers
-from pnn_fast.baselines.srns import SRNSObjective, gumbel_top_k, select_negative
+from pnn_fast.objectives.mixgcf import MixGCFObjective, model_layers
+from pnn_fast.objectives.srns import SRNSObjective, gumbel_top_k, select_negative
 from pnn_fast.data import load_dataset, synthetic_dataset
 from pnn_fast.known import KnownPositives
+from pnn_fast.sampling import sample_unknown
 from pnn_fast.models import build_model
 from pnn_fast.objectives import build_objective
 from pnn_fast.train import TrainConfig, run
@@ -147,7 +148,7 @@ def test_srns_objective_matches_loop():
     out = obj(model, users, pos, g)
     out.loss.backward()
 
-    fresh = known.sample_unknown(users, 6, g2)
+    fresh = sample_unknown(known, users, 6, g2)
     uniform = torch.rand(users.numel(), 9, generator=g2, dtype=torch.float64)
     tables = [w.detach().clone().requires_grad_() for w in (model.user_embedding.weight, model.item_embedding.weight)]
     slow_loss, negatives, new_memory = slow_srns(tables, snapshots[-3:], memory_before, users, pos, fresh, uniform,
@@ -240,7 +241,7 @@ def test_mixgcf_objective_matches_loop(name, overrides, k):
     grads = [p.grad.clone() for p in (model.user_embedding.weight, model.item_embedding.weight)]
     model.zero_grad()
 
-    candidates = known.sample_unknown(users, k * 5, g2).view(-1, k, 5)
+    candidates = sample_unknown(known, users, k * 5, g2).view(-1, k, 5)
     user_layers, item_layers, pool = reference_layers(name if name != "sgl" else "lightgcn", model)
     alpha = torch.rand(users.numel(), k, len(user_layers), generator=g2, dtype=torch.float64)
     slow = slow_mixgcf(user_layers, item_layers, pool, users, pos, candidates, alpha)

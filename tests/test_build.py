@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import pnn_fast
 from pnn_fast import _extension, build_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +98,7 @@ def test_project_metadata():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = meta["project"]
     assert (project["name"], project["version"], project["requires-python"]) == ("pnn_fast", "0.1.0", ">=3.9")
+    assert pnn_fast.__version__ == project["version"]
     assert project["dependencies"] == ["torch>=2.4", "numpy", "scipy", "tqdm", "matplotlib"]
     assert project["optional-dependencies"]["test"] == ["pytest", "pytest-benchmark", "numpy", "torch_geometric"]
     assert project["scripts"] == {"pnn-fast": "pnn_fast.cli:main"}

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from pnn_fast.eval import csr_from_pairs, evaluate
+from pnn_fast.csr import CSR
+from pnn_fast.eval import evaluate
 from pnn_fast.known import KnownPositives
 
 KS = (2, 5)
@@ -219,14 +220,6 @@ def test_does_not_track_gradients():
     assert users.grad is None
 
 
-def test_csr_from_pairs_sorts_and_deduplicates():
-    csr = csr_from_pairs(torch.tensor([2, 0, 2, 2, 0]), torch.tensor([5, 3, 1, 5, 3]), num_users=4)
-    assert csr.indptr.tolist() == [0, 1, 1, 3, 3]
-    assert csr.indices.tolist() == [3, 1, 5]
-    with pytest.raises(ValueError, match="users"):
-        csr_from_pairs(torch.tensor([4]), torch.tensor([0]), num_users=4)
-
-
 def test_argument_errors():
     users, items = _score_tables(HAND_SCORES)
     truth = _pairs(HAND_TRUTH)
@@ -241,6 +234,6 @@ def test_argument_errors():
     with pytest.raises(ValueError, match="indices"):
         evaluate(users, items, _pairs({0: [6]}))
     with pytest.raises(ValueError, match="indptr"):
-        evaluate(users, items, csr_from_pairs(*_pairs({0: [1]}), num_users=3))
+        evaluate(users, items, CSR.from_pairs(*_pairs({0: [1]}), 3, 4))
     with pytest.raises(TypeError, match="exclude"):
         evaluate(users, items, truth, [object()])

@@ -15,13 +15,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pnn_fast import _extension, reference
+from pnn_fast import _extension
+from pnn_fast.backends import reference
 from pnn_fast.known import KnownPositives
 
 pytestmark = pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_fast._C is not built")
 
 if _extension.has_kernels("cpu"):
-    from pnn_fast import fused
+    from pnn_fast.backends import fused
 
 CUDA = torch.cuda.is_available() and _extension.has_kernels("cuda")
 NEG_SIZES = ("proportional", "count", 3)

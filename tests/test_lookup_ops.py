@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pnn_fast import BPRLoss, KnownPositives, _extension, embedding_bpr, reference
+from pnn_fast import BPRLoss, KnownPositives, _extension, embedding_bpr
+from pnn_fast.backends import reference
+from pnn_fast.sampling import sample_unknown, unknown_from_uniform
 
 pytestmark = pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_fast._C is not built")
 
@@ -34,7 +36,7 @@ def test_unknown_from_uniform_enumerates_the_unknown_items(device, backend):
         middle = (torch.arange(len(unknown), dtype=torch.float32) + 0.5) / len(unknown)
         ends = torch.tensor([0.0, 1.0 - 2.0**-24])
         uniform = torch.cat([middle, ends]).to(device)[None, :]
-        got = known.unknown_from_uniform(torch.tensor([user], device=device), uniform, backend)
+        got = unknown_from_uniform(known, torch.tensor([user], device=device), uniform, backend)
         assert got.tolist() == [unknown + [unknown[0], unknown[-1]]], (user, backend)
 
 
@@ -45,11 +47,11 @@ def test_kernel_and_reference_samplers_agree_on_real_sizes():
     known = KnownPositives.from_pairs(users, items, 300, 2000)
     batch = torch.randint(0, 300, (4096,), generator=gen)
     uniform = torch.rand(4096, 5, generator=gen)
-    fused = known.unknown_from_uniform(batch, uniform, "cpu")
-    assert torch.equal(fused, known.unknown_from_uniform(batch, uniform, "reference"))
+    fused = unknown_from_uniform(known, batch, uniform, "cpu")
+    assert torch.equal(fused, unknown_from_uniform(known, batch, uniform, "reference"))
     assert not known.contains(batch[:, None], fused).any()
-    assert torch.equal(known.sample_unknown(batch, 3, torch.Generator().manual_seed(1), backend="cpu"),
-                       known.sample_unknown(batch, 3, torch.Generator().manual_seed(1), backend="reference"))
+    assert torch.equal(sample_unknown(known, batch, 3, torch.Generator().manual_seed(1), backend="cpu"),
+                       sample_unknown(known, batch, 3, torch.Generator().manual_seed(1), backend="reference"))
 
 
 def test_unknown_items_rejects_bad_draws_and_users():
@@ -65,7 +67,7 @@ def test_unknown_items_rejects_bad_draws_and_users():
     with pytest.raises(RuntimeError, match="uniform must be Float"):
         ops.unknown_items(known, torch.tensor([0]), torch.tensor([[0.0]], dtype=torch.float64))
     with pytest.raises(ValueError, match="backend must be one of"):
-        known.unknown_from_uniform(torch.tensor([0]), torch.tensor([[0.0]]), "gpu")
+        unknown_from_uniform(known, torch.tensor([0]), torch.tensor([[0.0]]), "gpu")
 
 
 def bpr_inputs(dtype=torch.float64, device="cpu", rows=64, negatives=3, seed=0):

@@ -97,7 +97,7 @@ def test_lightgcn_equals_dense_propagation(n_layers):
 
 def test_lightgcn_defaults_and_initialisation():
     model = build_model("lightgcn", 2000, 3000, torch.tensor([0]), torch.tensor([0]))
-    assert model.n_layers == 2 and model.reg_weight == 1e-5
+    assert model.n_layers == 2
     w = model.item_embedding.weight
     bound = math.sqrt(6 / (3000 + 64))  # xavier_uniform on [num, dim]
     assert w.abs().max() <= bound and w.abs().max() > 0.95 * bound
@@ -105,7 +105,6 @@ def test_lightgcn_defaults_and_initialisation():
     std = math.sqrt(2 / (3000 + 64))  # xavier_normal
     assert mf.item_embedding.weight.std().item() == pytest.approx(std, rel=0.05)
     assert mf.item_embedding.weight.abs().max() > bound  # normal, not uniform
-    assert mf.reg_weight == 0.0
 
 
 def test_ngcf_equals_dense_layers_in_eval_mode():
@@ -158,8 +157,14 @@ def test_node_dropout_keeps_expected_fraction_and_scales():
 
 def test_sgl_defaults():
     model = _build("sgl")
-    assert (model.n_layers, model.type, model.drop_ratio, model.ssl_tau, model.ssl_weight, model.reg_weight) == (
-        3, "ED", 0.1, 0.5, 0.05, 1e-5)
+    assert (model.n_layers, model.type, model.drop_ratio, model.ssl_tau, model.ssl_weight) == (3, "ED", 0.1, 0.5, 0.05)
+
+
+@pytest.mark.parametrize("name", ["mf", "lightgcn", "ngcf", "sgl"])
+def test_the_l2_weight_is_not_a_model_argument(name):
+    """The trainer owns the L2 weight (--reg-weight); a model given one says where it belongs."""
+    with pytest.raises(ValueError, match=r"no hyper-parameter\(s\) \['reg_weight'\].*--reg-weight"):
+        build_model(name, 5, 6, torch.tensor([0]), torch.tensor([0]), reg_weight=1e-5)
 
 
 def test_sgl_auxiliary_loss_positive_differentiable_and_resampled():

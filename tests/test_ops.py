@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pnn_fast import _extension, reference
+from pnn_fast import _extension
+from pnn_fast.backends import reference
 
 pytestmark = pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_fast._C is not built")
 

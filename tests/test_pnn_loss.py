@@ -4,6 +4,7 @@ import torch
 
 import pnn_fast
 from pnn_fast import KnownPositives, PNNLoss
+from pnn_fast.sampling import sample_history
 from slow_pnn import known_sets, slow_lambda, slow_loss, slow_rows, slow_uniform
 
 NEG_SIZES = ["proportional", "count", 3, 0]
@@ -159,12 +160,11 @@ def test_attention_parameters_get_gradients_and_stay_positive():
 
 def test_history_subset_is_random_subset_of_known():
     known = KnownPositives.from_pairs(torch.zeros(40, dtype=torch.long), torch.arange(40), 2, 50)
-    att = pnn_fast.UserAwareAttention(4, history_len=10)
     users = torch.tensor([0, 1])
-    items, mask = att.sample_history(known, users)
+    items, mask = sample_history(known, users, 10)
     assert mask[0].all() and not mask[1].any()
     assert len(set(items[0].tolist())) == 10 and set(items[0].tolist()) <= set(range(40))
-    items2, _ = att.sample_history(known, users)
+    items2, _ = sample_history(known, users, 10)
     assert items[0].tolist() != items2[0].tolist()  # fresh sample each call (fails with prob ~1e-14)
 
 
@@ -186,11 +186,11 @@ def test_repeated_candidates_tie_exactly_and_smallest_index_wins(per_row):
     g = torch.Generator().manual_seed(7)
     user_emb, item_table = torch.randn(64, 67, generator=g, dtype=torch.float64), torch.randn(40, 67, generator=g, dtype=torch.float64)
     candidates = torch.randint(0, 40, (64, 50) if per_row else (200,), generator=g)
-    scores = pnn_fast.reference.row_scores(user_emb, item_table, candidates)
+    scores = pnn_fast.backends.reference.row_scores(user_emb, item_table, candidates)
     cands = candidates.expand(64, -1)
     same_item = cands[:, :, None] == cands[:, None, :]
     assert torch.equal(scores[:, :, None].expand_as(same_item)[same_item], scores[:, None, :].expand_as(same_item)[same_item])
-    hard = pnn_fast.reference.hard_negative(scores, torch.ones_like(scores, dtype=torch.bool))
+    hard = pnn_fast.backends.reference.hard_negative(scores, torch.ones_like(scores, dtype=torch.bool))
     first = (cands == cands.gather(1, hard[:, None])).long().argmax(dim=1)
     assert torch.equal(hard, first)  # the first occurrence of the winning item
 
@@ -211,7 +211,7 @@ def test_attention_matches_the_papers_formula(backend):
     item_table = torch.randn(9, 5, generator=g, dtype=torch.float64)
     batch_users = torch.tensor([3, 0, 2, 1, 3])
     user_emb = torch.randn(5, 5, generator=g, dtype=torch.float64)
-    impl = pnn_fast.losses.resolve_backend(backend, user_emb.device)
+    impl = pnn_fast.losses.select_backend(backend, user_emb.device)
     got = att(user_emb, item_table, batch_users, known, impl)
     w1, w2 = att.w1.detach(), att.w2.detach()
     for b, u in enumerate(batch_users.tolist()):

@@ -152,14 +152,13 @@ def test_bpr_objective_fuses_the_l2_term_with_the_same_value_and_gradients(tmp_p
     trainer = Trainer(data, TrainConfig(model="mf", loss="bpr", reg_weight=0.05, dim=8), tmp_path)
     users, pos = trainer.train_users[:64], trainer.train_items[:64]
     trainer.generator.manual_seed(7)
-    assert trainer.objective(trainer.model, users, pos, trainer.generator).l2_included
+    assert trainer.objective(trainer.model, users, pos, trainer.generator, reg_weight=0.05).l2_included
     trainer.generator.manual_seed(7)
     fused = trainer._batch_loss(users, pos)
     fused.backward()
     fused_grads = [p.grad.clone() for p in trainer.model.parameters()]
     trainer.adam.zero_grad()
-    trainer.objective.reg_weight = 0.0  # BPR alone, then the trainer's generic L2 term on the same rows
-    trainer.generator.manual_seed(7)
+    trainer.generator.manual_seed(7)  # BPR alone (no weight offered), then the trainer's L2 term on the same rows
     out = trainer.objective(trainer.model, users, pos, trainer.generator)
     separate = out.loss + 0.05 * embedding_l2(trainer.model, out.users, out.pos_items, out.neg_items)
     separate.backward()
@@ -169,7 +168,7 @@ def test_bpr_objective_fuses_the_l2_term_with_the_same_value_and_gradients(tmp_p
 
     # a graph model scores propagated tables: the L2 term (on layer-0 rows) is then the trainer's
     graph = Trainer(data, TrainConfig(model="lightgcn", loss="bpr", reg_weight=0.05, dim=8), tmp_path / "lightgcn")
-    assert not graph.objective(graph.model, users, pos, graph.generator).l2_included
+    assert not graph.objective(graph.model, users, pos, graph.generator, reg_weight=0.05).l2_included
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])

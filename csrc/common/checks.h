@@ -93,7 +93,7 @@ inline void check_id_ranges(const char* op, const RowInputs& in) {
 
 // Contiguous, checked inputs of the table-lookup ops (embedding_bpr, gathered_norm): float
 // tables [n, d] of one dtype and device, int64 ids.
-struct LookupInputs {
+struct EmbeddingBprInputs {
   at::Tensor user_table, item_table, users, pos_items, neg_items;
   int64_t rows = 0;
   int64_t negatives = 0;
@@ -108,13 +108,13 @@ inline void check_table(const char* op, const at::Tensor& table, const char* nam
 
 // user_table [U, d], item_table [I, d], users and pos_items int64 [B], neg_items int64 [B, K], and a
 // finite reg_weight >= 0.
-inline LookupInputs prepare_embedding_bpr(const char* op, const at::Tensor& user_table, const at::Tensor& item_table,
+inline EmbeddingBprInputs prepare_embedding_bpr(const char* op, const at::Tensor& user_table, const at::Tensor& item_table,
                                           const at::Tensor& users, const at::Tensor& pos_items,
                                           const at::Tensor& neg_items, double reg_weight) {
   check_table(op, user_table, "user_table");
   TORCH_CHECK(std::isfinite(reg_weight) && reg_weight >= 0, op, ": reg_weight must be finite and >= 0, got ",
               reg_weight);
-  LookupInputs in;
+  EmbeddingBprInputs in;
   in.reg_weight = reg_weight;
   in.rows = users.numel();
   in.dim = user_table.size(1);
@@ -167,7 +167,7 @@ struct BprBatch {
 };
 
 template <typename scalar_t>
-BprBatch<scalar_t> bpr_batch(const LookupInputs& in) {
+BprBatch<scalar_t> bpr_batch(const EmbeddingBprInputs& in) {
   return {in.user_table.data_ptr<scalar_t>(),
           in.item_table.data_ptr<scalar_t>(),
           in.users.data_ptr<int64_t>(),
@@ -182,7 +182,7 @@ BprBatch<scalar_t> bpr_batch(const LookupInputs& in) {
 }
 
 // The forward's norms [3] (accumulation dtype), checked and contiguous, for the backward.
-inline at::Tensor checked_bpr_norms(const char* op, const LookupInputs& in, const at::Tensor& norms,
+inline at::Tensor checked_bpr_norms(const char* op, const EmbeddingBprInputs& in, const at::Tensor& norms,
                                     at::ScalarType acc_dtype) {
   check_tensor(op, in.user_table, norms, "norms", acc_dtype, {3}, "user_table");
   return norms.contiguous();

@@ -20,6 +20,12 @@ inline int64_t row_grain(int64_t num_candidates, int64_t dim) {
   return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, num_candidates * dim));
 }
 
+// Rows per task of the table-lookup loops (embedding_bpr, gathered_norm, ...): about 16K
+// multiply-adds each, for `per_row` of them per row.
+inline int64_t lookup_grain(int64_t per_row) {
+  return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, per_row));
+}
+
 // A hint to fetch *address into cache ahead of a dependent load (random rows of a table).
 inline void prefetch(const void* address) {
 #if defined(__GNUC__) || defined(__clang__)

@@ -1,6 +1,6 @@
 // pnn_fast::class_centroids_fwd / _bwd on CUDA, one block per row.
 //
-// Forward: the row's keys (shared memory when they fit, see bottom_k_select_cuda.cu), the hard
+// Forward: the row's keys (kept in shared memory when C keys fit, else rescored on every pass), the hard
 // negative and the radix select of cuda_rows.cuh, then the class sums in chunks of kThreads candidates: each thread
 // classifies one candidate, then each thread adds the chunk's members along its own dims.
 // Backward: the same classification recomputed from (threshold, cutoff), then each member's

@@ -203,4 +203,17 @@ void launch_rows(Kernel kernel, int64_t rows, int64_t shared_bytes, Args... args
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The table-lookup ops (unknown_items, history_sample, embedding_bpr, gathered_norm,
+// gathered_dots) map one thread to one row or one (row, column): flat launches of kFlatThreads.
+constexpr int kFlatThreads = 256;
+
+// Launches `kernel` on `threads` threads in blocks of kFlatThreads (nothing when there are none).
+template <typename Kernel, typename... Args>
+void launch_flat(Kernel kernel, int64_t threads, Args... args) {
+  if (threads == 0) return;
+  const auto blocks = static_cast<unsigned int>((threads + kFlatThreads - 1) / kFlatThreads);
+  kernel<<<blocks, kFlatThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(args...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace pnn_fast

@@ -1,5 +1,5 @@
-// pnn_fast::hard_negative_argmax and count_unlabeled on CUDA: one block per row, each thread takes a
-// strided subset of the candidates and the block reduces (key, j) and |U_b|.
+// pnn_fast::hard_negative_argmax on CUDA: one block per row, each thread takes a strided subset of
+// the candidates and the block reduces (key, j) and |U_b|.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -26,18 +26,6 @@ __global__ void hard_negative_argmax_kernel(RowBatch<scalar_t> batch, int64_t* h
   }
 }
 
-template <typename scalar_t, typename acc_t>
-__global__ void count_unlabeled_kernel(RowBatch<scalar_t> batch, int64_t* num_unlabeled) {
-  __shared__ int64_t scratch[kWarps];
-  const int64_t b = blockIdx.x;
-  CUDA_KERNEL_ASSERT(batch.users[b] >= 0 && batch.users[b] < batch.num_users);
-  const Row<scalar_t, acc_t> row(batch, b);
-  int64_t mine = 0;
-  for (int64_t j = threadIdx.x; j < batch.num_candidates; j += blockDim.x) mine += row.unlabeled(j);
-  const int64_t count = block_sum(mine, scratch);
-  if (threadIdx.x == 0) num_unlabeled[b] = count;
-}
-
 std::tuple<at::Tensor, at::Tensor> hard_negative_argmax_cuda(const at::Tensor& user_emb, const at::Tensor& item_table,
                                                              const at::Tensor& users, const at::Tensor& pos_items,
                                                              const at::Tensor& candidates,
@@ -57,26 +45,9 @@ std::tuple<at::Tensor, at::Tensor> hard_negative_argmax_cuda(const at::Tensor& u
   return {hard, num_unlabeled};
 }
 
-at::Tensor count_unlabeled_cuda(const at::Tensor& user_emb, const at::Tensor& item_table, const at::Tensor& users,
-                                const at::Tensor& pos_items, const at::Tensor& candidates,
-                                const at::Tensor& known_indptr, const at::Tensor& known_indices) {
-  constexpr const char* op = "pnn_fast::count_unlabeled";
-  const RowInputs in =
-      prepare_row_inputs(op, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
-  const c10::cuda::CUDAGuard guard(user_emb.device());
-  at::Tensor num_unlabeled = at::empty({in.rows}, users.options().dtype(at::kLong));
-  PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), op, [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    launch_rows(count_unlabeled_kernel<scalar_t, acc_t>, in.rows, 0, row_batch<scalar_t>(in),
-                num_unlabeled.data_ptr<int64_t>());
-  });
-  return num_unlabeled;
-}
-
 }  // namespace
 }  // namespace pnn_fast
 
 TORCH_LIBRARY_IMPL(pnn_fast, CUDA, m) {
   m.impl("hard_negative_argmax", &pnn_fast::hard_negative_argmax_cuda);
-  m.impl("count_unlabeled", &pnn_fast::count_unlabeled_cuda);
 }

@@ -32,7 +32,8 @@ def build_model(name: str, num_users: int, num_items: int, train_users: torch.Te
         dim: layer-0 embedding size (RecBole's ``embedding_size``).
         overrides: hyper-parameters by RecBole's yaml name, see ``MODELS[name].DEFAULTS``
             (``n_layers``, ``hidden_size_list``, ``node_dropout``, ``message_dropout``, ``type``,
-            ``drop_ratio``, ``ssl_tau``, ``ssl_weight``, ``reg_weight``).
+            ``drop_ratio``, ``ssl_tau``, ``ssl_weight``). The L2 weight is the trainer's
+            (``TrainConfig.reg_weight``, ``--reg-weight``), not a model's.
     Raises:
         ValueError: unknown ``name`` (message lists the choices), an override the model does
             not have (message names it), or a bad value.
@@ -43,7 +44,8 @@ def build_model(name: str, num_users: int, num_items: int, train_users: torch.Te
     cls = MODELS[key]
     unknown = sorted(set(overrides) - set(cls.DEFAULTS))
     if unknown:
-        raise ValueError(f"model {key!r} has no hyper-parameter(s) {unknown}; valid: {sorted(cls.DEFAULTS)}")
+        hint = "; the L2 weight is the trainer's --reg-weight" if "reg_weight" in unknown else ""
+        raise ValueError(f"model {key!r} has no hyper-parameter(s) {unknown}; valid: {sorted(cls.DEFAULTS)}{hint}")
     params = {**cls.DEFAULTS, **overrides}
     if cls is MF:
         return MF(num_users, num_items, dim=dim, **params)

@@ -15,8 +15,6 @@ class Recommender(nn.Module):
         dim: width of the tables :meth:`embeddings` returns (NGCF concatenates its layers,
             so there it exceeds the layer-0 ``embedding_size``).
         embedding_size: width of the layer-0 tables ``user_embedding`` / ``item_embedding``.
-        reg_weight: RecBole's default weight of the EmbLoss L2 term for this model (0 for MF:
-            RecBole's BPR model has no regulariser); the trainer decides whether to use it.
         user_embedding, item_embedding: ``nn.Embedding`` [num_users | num_items, embedding_size].
     """
 
@@ -25,7 +23,7 @@ class Recommender(nn.Module):
     #: whether :meth:`auxiliary_loss` adds anything (the trainer skips the call otherwise)
     has_auxiliary_loss: ClassVar[bool] = False
 
-    def __init__(self, num_users: int, num_items: int, embedding_size: int, reg_weight: float):
+    def __init__(self, num_users: int, num_items: int, embedding_size: int):
         super().__init__()
         for name, value in (("num_users", num_users), ("num_items", num_items), ("dim", embedding_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -34,7 +32,6 @@ class Recommender(nn.Module):
         self.num_items = num_items
         self.embedding_size = embedding_size
         self.dim = embedding_size
-        self.reg_weight = float(reg_weight)
         self.user_embedding = nn.Embedding(num_users, embedding_size)
         self.item_embedding = nn.Embedding(num_items, embedding_size)
 

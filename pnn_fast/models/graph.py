@@ -24,6 +24,8 @@ import warnings
 import torch
 from torch import nn
 
+from ..csr import CSR
+
 # torch warns once per process that CSR support is "beta"; the few CSR ops used here
 # (construction, CSR @ dense) are long-standing, so the notice is only noise for users.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
@@ -55,16 +57,10 @@ def unique_edges(users: torch.Tensor, items: torch.Tensor, num_users: int, num_i
     return keys // num_items, keys % num_items
 
 
-def _csr_from_coo(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(crow_indices [n+1], col_indices, values) of an n x n matrix given unsorted, duplicate-free entries."""
-    order = torch.argsort(rows * n + cols)
-    crow = torch.zeros(n + 1, dtype=torch.int64, device=rows.device)
-    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
-    return crow, cols[order], values[order]
-
-
-def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
-    return torch.sparse_csr_tensor(crow, col, values, (n, n), check_invariants=False)
+def _sparse(csr: CSR) -> torch.Tensor:
+    """The torch sparse CSR tensor [n, n] over ``csr``'s buffers (no copy)."""
+    return torch.sparse_csr_tensor(csr.indptr, csr.indices, csr.values, (csr.num_rows, csr.num_cols),
+                                   check_invariants=False)
 
 
 class _SpMM(torch.autograd.Function):
@@ -113,10 +109,10 @@ class NormalizedAdjacency(nn.Module):
         inv_sqrt = degree.rsqrt()
         # float64 products then one rounding, as RecBole (scipy computes D*A*D in float64).
         values = (inv_sqrt[rows] * inv_sqrt[cols]).float()
-        crow, col, val = _csr_from_coo(rows, cols, values, n)
-        self.register_buffer("crow_indices", crow, persistent=False)
-        self.register_buffer("col_indices", col, persistent=False)
-        self.register_buffer("values", val, persistent=False)
+        csr = CSR.from_checked_pairs(rows, cols, n, n, values)
+        self.register_buffer("crow_indices", csr.indptr, persistent=False)
+        self.register_buffer("col_indices", csr.indices, persistent=False)
+        self.register_buffer("values", csr.values, persistent=False)
 
     @property
     def num_nodes(self) -> int:
@@ -124,7 +120,8 @@ class NormalizedAdjacency(nn.Module):
 
     def csr(self) -> torch.Tensor:
         """The matrix as a torch sparse CSR tensor [n, n] float32 (a view of the buffers)."""
-        return _csr(self.crow_indices, self.col_indices, self.values, self.num_nodes)
+        n = self.num_nodes
+        return _sparse(CSR(self.crow_indices, self.col_indices, n, n, self.values))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``A_hat @ x`` for x [n, d] -> [n, d]; the matrix is symmetric, so its backward reuses it."""
@@ -141,6 +138,5 @@ class NormalizedAdjacency(nn.Module):
         rows = torch.repeat_interleave(torch.arange(n, device=self.crow_indices.device), self.crow_indices.diff())
         rows, cols = rows[keep], self.col_indices[keep]
         values = self.values[keep] / (1.0 - rate)
-        adj = _csr(*_csr_from_coo(rows, cols, values, n), n)
-        adj_t = _csr(*_csr_from_coo(cols, rows, values, n), n)
+        adj, adj_t = (_sparse(CSR.from_checked_pairs(a, b, n, n, values)) for a, b in ((rows, cols), (cols, rows)))
         return adj, adj_t

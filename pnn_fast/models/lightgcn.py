@@ -32,11 +32,11 @@ def mean_of_layers(propagate, ego: torch.Tensor, n_layers: int) -> torch.Tensor:
 class LightGCN(Recommender):
     """Linear propagation over the training graph; output width ``dim`` = embedding size."""
 
-    DEFAULTS: ClassVar[dict] = {"n_layers": 2, "reg_weight": 1e-5}
+    DEFAULTS: ClassVar[dict] = {"n_layers": 2}
 
     def __init__(self, num_users: int, num_items: int, train_users: torch.Tensor, train_items: torch.Tensor,
-                 dim: int = 64, n_layers: int = 2, reg_weight: float = 1e-5):
-        super().__init__(num_users, num_items, dim, reg_weight)
+                 dim: int = 64, n_layers: int = 2):
+        super().__init__(num_users, num_items, dim)
         if not isinstance(n_layers, int) or isinstance(n_layers, bool) or n_layers < 0:
             raise ValueError(f"n_layers must be a non-negative int, got {n_layers!r}")
         self.n_layers = n_layers

@@ -21,7 +21,7 @@ class MF(Recommender):
     DEFAULTS: ClassVar[dict] = {}
 
     def __init__(self, num_users: int, num_items: int, dim: int = 64):
-        super().__init__(num_users, num_items, dim, reg_weight=0.0)
+        super().__init__(num_users, num_items, dim)
         nn.init.xavier_normal_(self.user_embedding.weight)
         nn.init.xavier_normal_(self.item_embedding.weight)
 

@@ -49,12 +49,12 @@ class BiInteractionLayer(nn.Module):
 class NGCF(Recommender):
     """Bi-interaction graph convolutions with concatenated layer outputs."""
 
-    DEFAULTS: ClassVar[dict] = {"hidden_size_list": (64, 64, 64), "node_dropout": 0.0, "message_dropout": 0.1, "reg_weight": 1e-5}
+    DEFAULTS: ClassVar[dict] = {"hidden_size_list": (64, 64, 64), "node_dropout": 0.0, "message_dropout": 0.1}
 
     def __init__(self, num_users: int, num_items: int, train_users: torch.Tensor, train_items: torch.Tensor,
                  dim: int = 64, hidden_size_list: Sequence[int] = (64, 64, 64), node_dropout: float = 0.0,
-                 message_dropout: float = 0.1, reg_weight: float = 1e-5):
-        super().__init__(num_users, num_items, dim, reg_weight)
+                 message_dropout: float = 0.1):
+        super().__init__(num_users, num_items, dim)
         sizes = list(hidden_size_list)
         if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
             raise ValueError(f"hidden_size_list must be positive ints, got {hidden_size_list!r}")

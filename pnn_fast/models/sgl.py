@@ -43,14 +43,13 @@ AUGMENTATIONS = ("ED", "ND", "RW")
 class SGL(LightGCN):
     """LightGCN plus a self-supervised contrastive loss between two resampled graph views."""
 
-    DEFAULTS: ClassVar[dict] = {"n_layers": 3, "type": "ED", "drop_ratio": 0.1, "ssl_tau": 0.5, "ssl_weight": 0.05,
-                                "reg_weight": 1e-5}
+    DEFAULTS: ClassVar[dict] = {"n_layers": 3, "type": "ED", "drop_ratio": 0.1, "ssl_tau": 0.5, "ssl_weight": 0.05}
     has_auxiliary_loss: ClassVar[bool] = True
 
     def __init__(self, num_users: int, num_items: int, train_users: torch.Tensor, train_items: torch.Tensor,
                  dim: int = 64, n_layers: int = 3, type: str = "ED", drop_ratio: float = 0.1,
-                 ssl_tau: float = 0.5, ssl_weight: float = 0.05, reg_weight: float = 1e-5):
-        super().__init__(num_users, num_items, train_users, train_items, dim=dim, n_layers=n_layers, reg_weight=reg_weight)
+                 ssl_tau: float = 0.5, ssl_weight: float = 0.05):
+        super().__init__(num_users, num_items, train_users, train_items, dim=dim, n_layers=n_layers)
         if type not in AUGMENTATIONS:
             raise ValueError(f"type must be one of {AUGMENTATIONS}, got {type!r}")
         if not 0.0 <= drop_ratio < 1.0:

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..objectives import BatchLoss, Objective, register
+from ..sampling import sample_unknown
+from .base import BatchLoss, Objective, register
 
 AGGREGATORS = ("mean", "user_attention", "self_attention")
 
@@ -243,9 +244,9 @@ class SimpleXObjective(Objective):
         return cosine_contrastive_loss(pos_cos, neg_cos, float(self.args["margin"]),
                                        float(self.args["negative_weight"]))
 
-    def forward(self, model, users, pos_items, generator):
+    def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
-        neg = self.known.sample_unknown(users, int(self.args["num_negatives"]), generator)
+        neg = sample_unknown(self.known, users, int(self.args["num_negatives"]), generator)
         loss = self.batch_loss(user_table, item_table, users, pos_items, neg, generator)
         # L2 over the batch's users and positives only: the official regulariser's share of N
         # negatives would gather B x N rows per batch (see docs/baselines/simplex.md)

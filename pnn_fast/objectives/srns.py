@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..objectives import BatchLoss, Objective, register
+from ..sampling import sample_unknown
+from .base import BatchLoss, Objective, register
 
 
 def select_negative(pos_score: torch.Tensor, mem_score: torch.Tensor, hist_pos: torch.Tensor,
@@ -143,7 +144,7 @@ class SRNSObjective(Objective):
 
     def _init_memory(self, generator) -> None:
         users = torch.arange(self.num_users, device=self.memory.device)
-        self.memory.copy_(self.known.sample_unknown(users, self.s1, generator))
+        self.memory.copy_(sample_unknown(self.known, users, self.s1, generator))
         self.memory_ready.fill_(True)
         self._ready = True
 
@@ -168,7 +169,7 @@ class SRNSObjective(Objective):
         if self.args["reset_memory_each_epoch"] or not self._ready:
             self._init_memory(generator)
 
-    def forward(self, model, users, pos_items, generator):
+    def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         if not self._ready:
             self._init_memory(generator)
         users, pos_items = users.long(), pos_items.long()
@@ -196,7 +197,7 @@ class SRNSObjective(Objective):
     def _refresh(self, user_rows, item_table, users, memory, generator) -> None:
         """Each batch user's memory becomes S1 draws (no replacement) from memory + S2 fresh items,
         with probabilities softmax(score / temperature); a repeated user is refreshed once."""
-        fresh = self.known.sample_unknown(users, self.s2, generator) if self.s2 else memory[:, :0]
+        fresh = sample_unknown(self.known, users, self.s2, generator) if self.s2 else memory[:, :0]
         candidates = torch.cat([memory, fresh], dim=1)  # [B, S1 + S2]
         logits = torch.einsum("bd,bcd->bc", user_rows, item_table[candidates]) / float(self.args["temperature"])
         kept = candidates.gather(1, gumbel_top_k(logits, self.s1, generator))

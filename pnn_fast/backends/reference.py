@@ -11,24 +11,11 @@ of size [B, C, d] is ever built: scores and centroids are matrix products.
 """
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 import torch.nn.functional as F
 
-from .known import KnownPositives
-
-NegSize = Union[str, int]
-
-#: eps of the L2 normalisation in the clamp term and the uniformity term (as F.normalize)
-NORM_EPS = 1e-12
-
-
-def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """table[index] for any index shape, by index_select: its backward (index_add) adds repeated
-    rows in a fixed order, whereas advanced indexing's (index_put with accumulate) may add them
-    in any order on a multi-threaded CPU, which makes training runs irreproducible."""
-    return table.index_select(0, index.reshape(-1)).reshape(*index.shape, *table.shape[1:])
+from ..known import KnownPositives
+from .rows import NegSize, dot, gather_rows, negative_class_size, terms_from_centroids
 
 
 def candidate_embeddings(item_table: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -71,27 +58,6 @@ def hard_negative(scores: torch.Tensor, unlabeled: torch.Tensor) -> torch.Tensor
     return torch.where(unlabeled.any(dim=1), index, torch.full_like(index, -1))
 
 
-def negative_class_size(num_unlabeled: torch.Tensor, num_known: torch.Tensor, num_items: int,
-                        neg_size: NegSize) -> torch.Tensor:
-    """k_b, the size of the negative class of each row (int64 [B]); shared by every backend.
-
-    "proportional": round-half-up(|U_b| * N_u / (I - N_u)), at least 1 (the user's
-    share of positives carried over to the batch's unlabeled items);
-    "count": N_u (the paper's |Sigma_neg| = N_u); an int: that number.
-    Always at most |U_b| - 1 so the neutral class keeps at least one item.
-    """
-    num_unlabeled = num_unlabeled.long()
-    num_known = num_known.long()
-    if neg_size == "proportional":
-        rest = (num_items - num_known).clamp_min(1)  # I - N_u; rows where it is 0 have no unlabeled items
-        k = torch.div(2 * num_unlabeled * num_known + rest, 2 * rest, rounding_mode="floor").clamp_min(1)
-    elif neg_size == "count":
-        k = num_known
-    else:
-        k = torch.full_like(num_unlabeled, int(neg_size))
-    return torch.minimum(k, (num_unlabeled - 1).clamp_min(0))
-
-
 def bottom_k_mask(scores: torch.Tensor, unlabeled: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """The k[b] lowest-scored unlabeled candidates of each row (smallest j on ties). Bool [B, C]."""
     key = scores.detach().masked_fill(~unlabeled, float("inf"))
@@ -101,17 +67,13 @@ def bottom_k_mask(scores: torch.Tensor, unlabeled: torch.Tensor, k: torch.Tensor
     return unlabeled & (rank < k[:, None])
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a * b).sum(dim=-1)
-
-
 def _scored_rows(user_emb, item_table, users, pos_items, candidates, known):
     """What BPR and PNN share: scores [B, C], the unlabeled mask, the hard negative and L_BPR."""
     scores = row_scores(user_emb, item_table, candidates)
     unlabeled = unlabeled_mask(known, users, pos_items, candidates)
     hard = hard_negative(scores, unlabeled)
     pos_emb = item_table[pos_items]
-    pos_score = _dot(user_emb, pos_emb)
+    pos_score = dot(user_emb, pos_emb)
     hard_score = scores.gather(1, hard.clamp_min(0)[:, None]).squeeze(1)
     bpr = torch.where(hard >= 0, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
     return scores, unlabeled, hard, pos_emb, pos_score, bpr
@@ -163,33 +125,6 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
                                 valid, noise_pos, noise_neg)
 
 
-def terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, num_neutral, num_negative, valid,
-                         noise_pos, noise_neg) -> dict:
-    """L_rank and L_constrain from the class centroids; the part every backend shares.
-
-    Args: float [B, d] ``user_emb``, ``pos_emb``, ``c_neu``, ``c_neg``, ``noise_*``; float [B]
-    ``pos_score``, ``bpr``; int64 [B] ``hard``, ``num_neutral``, ``num_negative``; bool [B] ``valid``.
-    Returns: the dict of :func:`pnn_row_terms`.
-    """
-    zero = torch.zeros_like(pos_score)
-    has_negative = num_negative > 0
-
-    # L_rank: positive > neutral centroid > negative centroid
-    s_neu, s_neg = _dot(user_emb, c_neu), _dot(user_emb, c_neg)
-    rank = F.softplus(s_neu - pos_score) + torch.where(has_negative, F.softplus(s_neg - s_neu), zero)
-    rank = torch.where(valid, rank, zero)
-
-    # L_constrain: the two clamp embeddings e_neu + noise_pos*dir(e_+) and e_neu + noise_neg*dir(c_neg);
-    # e_neu cancels in their difference, so it is evaluated in the simplified form.
-    gap = noise_pos * F.normalize(pos_emb, dim=1, eps=NORM_EPS) - noise_neg * F.normalize(c_neg, dim=1, eps=NORM_EPS)
-    constrain = torch.where(valid & has_negative, gap.pow(2).sum(dim=1), zero)
-
-    return {
-        "bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard,
-        "num_negative": num_negative, "num_neutral": num_neutral, "valid": valid,
-    }
-
-
 def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
                   neg_items: torch.Tensor, reg_weight: float = 0.0) -> torch.Tensor:
     """BPR over table rows: mean over (b, k) of softplus(<U[u_b], I[n_bk]> - <U[u_b], I[p_b]>), plus
@@ -199,7 +134,7 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     Returns a 0-dim tensor (NaN when B * K = 0).
     """
     user_emb = user_table[users]
-    pos_score = _dot(user_emb, item_table[pos_items])
+    pos_score = dot(user_emb, item_table[pos_items])
     neg_score = (user_emb[:, None, :] * item_table[neg_items]).sum(dim=-1)
     loss = F.softplus(neg_score - pos_score[:, None]).mean()
     if reg_weight == 0:
@@ -208,12 +143,28 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     return loss + reg_weight * norms / users.numel()
 
 
+def unknown_items(known: KnownPositives, users: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The ``r``-th (0-based) unknown item of ``users[b]``, ``r = floor(u * (I - N_u))`` for each
+    ``u = uniform[b, k]`` (float32 arithmetic); the r-th unknown item is ``r + #{m : k_m - m <= r}``
+    for the user's sorted items ``k_m``, found by one global searchsorted over ``known.gap_keys``.
+
+    users: int [B]; uniform: float32 [B, K] in [0, 1). Returns int64 [B, K].
+    """
+    users = users.long()
+    free = (known.num_items - known.count(users))[:, None]
+    rank = torch.minimum((uniform * free).long(), free - 1)  # the clamp guards float rounding up to free
+    if known.gap_keys.numel() == 0:
+        return rank
+    query = users[:, None] * (known.num_items + 1) + rank
+    return rank + torch.searchsorted(known.gap_keys, query, right=True) - known.indptr[users][:, None]
+
+
 def history_sample(known: KnownPositives, users: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """A uniform random subset of min(N_u, L) known items of each user, by Floyd's algorithm.
 
     users: int [B]; uniform: float32 [B, L] in [0, 1). Returns int64 [B, L]: the subset, then -1.
     Step i considers j = N_u - L + i and takes position t = floor(u_i (j + 1)) (float32, as
-    :meth:`KnownPositives.unknown_from_uniform`), or j itself when t was taken at an earlier step;
+    :func:`unknown_items`), or j itself when t was taken at an earlier step;
     a user with N_u <= L gets all its items, in order.
     """
     users = users.long()

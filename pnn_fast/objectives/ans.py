@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..objectives import BatchLoss, Objective, register
+from ..sampling import sample_unknown
+from .base import BatchLoss, Objective, register
 
 #: eps F.pairwise_distance adds to the difference (the official code calls it with the default)
 PAIRWISE_EPS = 1e-6
@@ -102,9 +103,9 @@ class ANSObjective(Objective):
     def combine(self, terms) -> torch.Tensor:
         return terms["bpr"] + float(self.args["gamma"]) * (terms["sns"] + terms["distance"] + terms["orth"])
 
-    def forward(self, model, users, pos_items, generator):
+    def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
-        neg = self.known.sample_unknown(users, int(self.args["candidates"]), generator)
+        neg = sample_unknown(self.known, users, int(self.args["candidates"]), generator)
         noise = torch.rand(*neg.shape, item_table.shape[1], generator=generator, device=item_table.device,
                            dtype=item_table.dtype)
         loss = self.combine(self.batch_terms(user_table, item_table, users, pos_items, neg, noise))

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..objectives import BatchLoss, Objective, register
+from ..sampling import sample_unknown
+from .base import BatchLoss, Objective, register
 from .simplex import generator_dropout
 
 BOUNDARIES = ("embed", "linear")
@@ -83,8 +84,8 @@ class UIBObjective(Objective):
         neg_scores = torch.einsum("bd,bkd->bk", u, n)
         return uib_loss(pos_scores, neg_scores, self.user_boundary(users, u), float(self.args["alpha"]))
 
-    def forward(self, model, users, pos_items, generator):
+    def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
-        neg = self.known.sample_unknown(users, int(self.args["num_negatives"]), generator)
+        neg = sample_unknown(self.known, users, int(self.args["num_negatives"]), generator)
         loss = self.batch_loss(user_table, item_table, users, pos_items, neg, generator)
         return BatchLoss(loss, users, pos_items, neg)

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from ..models import NGCF
-from ..objectives import BatchLoss, Objective, register
+from ..sampling import sample_unknown
+from .base import BatchLoss, Objective, register
 
 
 def model_layers(model) -> tuple[list[torch.Tensor], list[torch.Tensor], str]:
@@ -103,11 +104,11 @@ class MixGCFObjective(Objective):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"mixgcf: {name} must be an int >= 1, got {value!r}")
 
-    def forward(self, model, users, pos_items, generator):
+    def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         users, pos_items = users.long(), pos_items.long()
         k, m = self.args["K"], self.args["n_negs"]
         user_layers, item_layers, pool = model_layers(model)
-        candidates = self.known.sample_unknown(users, k * m, generator).view(-1, k, m)
+        candidates = sample_unknown(self.known, users, k * m, generator).view(-1, k, m)
         alpha = torch.rand(users.numel(), k, len(user_layers), generator=generator, device=users.device,
                            dtype=user_layers[0].dtype)
         negatives, first_choice = synthesize_negatives(user_layers, item_layers, pool, users, pos_items,

@@ -1,26 +1,23 @@
-"""Fused backend: drop-in replacements of the per-row functions of :mod:`pnn_fast.reference`.
+"""Fused backend: drop-in replacements of the functions of :mod:`pnn_fast.backends.reference`.
 
 Same signatures, same outputs (to rounding), on the C++/CUDA kernels of :mod:`pnn_fast.ops`.
 The [B, C] score and mask matrices of the reference are never built: the kernels recompute
 scores row by row, and only gathers of O(B d) (the positive, hard-negative and centroid scores)
-are left to autograd here.  The class size rule ``negative_class_size`` is the reference's own.
+are left to autograd here.  What involves no scoring (the class size rule, the terms from the
+centroids) is shared with the reference through :mod:`pnn_fast.backends.rows`.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from . import ops
-from .known import KnownPositives
-from .ops import embedding_bpr, gathered_dots, gathered_norm, history_sample, pairwise_uniformity
-from .reference import NegSize, gather_rows, negative_class_size, terms_from_centroids
+from .. import ops
+from ..known import KnownPositives
+from ..ops import embedding_bpr, gathered_dots, gathered_norm, history_sample, pairwise_uniformity, unknown_items
+from .rows import NegSize, dot, gather_rows, negative_class_size, terms_from_centroids
 
 __all__ = ["embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample",
-           "pairwise_uniformity", "pnn_row_terms"]
-
-
-def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a * b).sum(dim=-1)
+           "pairwise_uniformity", "pnn_row_terms", "unknown_items"]
 
 
 def _bpr(user_emb, item_table, pos_items, candidates, hard):
@@ -28,15 +25,15 @@ def _bpr(user_emb, item_table, pos_items, candidates, hard):
     index = hard.clamp_min(0)
     hard_items = candidates[index] if candidates.dim() == 1 else candidates.gather(1, index[:, None]).squeeze(1)
     pos_emb = gather_rows(item_table, pos_items)
-    pos_score = _dot(user_emb, pos_emb)
-    hard_score = _dot(user_emb, gather_rows(item_table, hard_items))
+    pos_score = dot(user_emb, pos_emb)
+    hard_score = dot(user_emb, gather_rows(item_table, hard_items))
     bpr = torch.where(hard >= 0, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
     return bpr, pos_emb, pos_score
 
 
 def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
                       candidates: torch.Tensor, known: KnownPositives):
-    """BPR against the in-row hardest unlabeled candidate; see :func:`pnn_fast.reference.hard_negative_bpr`.
+    """BPR against the in-row hardest unlabeled candidate; see :func:`pnn_fast.backends.reference.hard_negative_bpr`.
 
     Args:
         user_emb: float [B, d]; item_table: float [I, d]; users, pos_items: int [B];
@@ -52,7 +49,7 @@ def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: t
 def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
                   candidates: torch.Tensor, known: KnownPositives, neg_size: NegSize, noise_pos: torch.Tensor,
                   noise_neg: torch.Tensor) -> dict:
-    """Per-row PNN terms; see :func:`pnn_fast.reference.pnn_row_terms` (same arguments and outputs).
+    """Per-row PNN terms; see :func:`pnn_fast.backends.reference.pnn_row_terms` (same arguments and outputs).
 
     Returns:
         dict of [B] tensors: ``bpr``, ``rank``, ``constrain`` (float), ``hard_negative``,

@@ -1,0 +1,86 @@
+// pnn_fast::gathered_dots_fwd / _bwd on CPU: <rows[b], table[ids[b, k]]> without a [B, K, d] copy
+// (the attention's logits); the table gradient is scattered by column blocks (deterministic).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "cpu/cpu_rows.h"
+
+namespace pnn_fast {
+namespace {
+
+at::Tensor gathered_dots_fwd_cpu(const at::Tensor& rows, const at::Tensor& table, const at::Tensor& ids) {
+  constexpr const char* op = "pnn_fast::gathered_dots_fwd";
+  check_gathered_dots(op, rows, table, ids);
+  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids.contiguous();
+  check_ids_below(op, id, T.size(0), "ids");
+  const int64_t B = R.size(0), d = R.size(1), K = id.size(1);
+  at::Tensor out = at::empty({B, K}, R.options());
+  PNN_DISPATCH_FLOATING_TYPES(R.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t *r = R.data_ptr<scalar_t>(), *t = T.data_ptr<scalar_t>();
+    const int64_t* ix = id.data_ptr<int64_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, B, lookup_grain(K * d), [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        for (int64_t k = 0; k < K; ++k) {
+          o[b * K + k] = static_cast<scalar_t>(dot_wide<acc_t>(r + b * d, t + ix[b * K + k] * d, d));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> gathered_dots_bwd_cpu(const at::Tensor& grad, const at::Tensor& rows,
+                                                         const at::Tensor& table, const at::Tensor& ids) {
+  constexpr const char* op = "pnn_fast::gathered_dots_bwd";
+  check_gathered_dots(op, rows, table, ids);
+  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids.contiguous();
+  const int64_t B = R.size(0), d = R.size(1), K = id.size(1);
+  check_tensor(op, R, grad, "grad", R.scalar_type(), {B, K}, "rows");
+  const at::Tensor g_in = grad.contiguous();
+  const at::TensorOptions acc_options = R.options().dtype(opmath_dtype(R.scalar_type()));
+  at::Tensor grad_rows = at::empty({B, d}, acc_options);
+  at::Tensor grad_table = at::zeros(T.sizes(), acc_options);
+  PNN_DISPATCH_FLOATING_TYPES(R.scalar_type(), op, [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t *r = R.data_ptr<scalar_t>(), *t = T.data_ptr<scalar_t>(), *g = g_in.data_ptr<scalar_t>();
+    const int64_t* ix = id.data_ptr<int64_t>();
+    acc_t* gr = grad_rows.data_ptr<acc_t>();
+    acc_t* gt = grad_table.data_ptr<acc_t>();
+    // d/d rows[b] = sum_k g[b, k] table[ids[b, k]]: each task owns its rows
+    at::parallel_for(0, B, lookup_grain(K * d), [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        acc_t* out = gr + b * d;
+        std::fill(out, out + d, acc_t(0));
+        for (int64_t k = 0; k < K; ++k) {
+          const acc_t gk = acc_t(g[b * K + k]);
+          const scalar_t* v = t + ix[b * K + k] * d;
+          for (int64_t i = 0; i < d; ++i) out[i] += gk * acc_t(v[i]);
+        }
+      }
+    });
+    // d/d table[j] = sum over (b, k) with ids[b, k] = j of g[b, k] rows[b]: scattered by column blocks
+    for_column_blocks(d, B * K, [&](int64_t c0, int64_t c1) {
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t k = 0; k < K; ++k) {
+          const acc_t gk = acc_t(g[b * K + k]);
+          acc_t* out = gt + ix[b * K + k] * d;
+          for (int64_t i = c0; i < c1; ++i) out[i] += gk * acc_t(r[b * d + i]);
+        }
+      }
+    });
+  });
+  return {grad_rows.to(R.scalar_type()), grad_table.to(T.scalar_type())};
+}
+
+}  // namespace
+}  // namespace pnn_fast
+
+TORCH_LIBRARY_IMPL(pnn_fast, CPU, m) {
+  m.impl("gathered_dots_fwd", &pnn_fast::gathered_dots_fwd_cpu);
+  m.impl("gathered_dots_bwd", &pnn_fast::gathered_dots_bwd_cpu);
+}

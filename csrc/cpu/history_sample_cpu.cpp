@@ -1,0 +1,51 @@
+// pnn_fast::history_sample on CPU: a uniform random subset of each user's known items by Floyd's
+// algorithm (floyd_positions, pnn_rows.h), O(L^2) per row whatever the user's number of items.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <atomic>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "cpu/cpu_rows.h"
+
+namespace pnn_fast {
+namespace {
+
+at::Tensor history_sample_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
+                              const at::Tensor& uniform) {
+  constexpr const char* op = "pnn_fast::history_sample";
+  const KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
+  check_ids_below(op, in.users, in.num_users, "users");
+  at::Tensor items = at::empty(in.uniform.sizes(), users.options());
+  const int64_t size = in.per_row;
+  const int64_t* ptr = in.indptr.data_ptr<int64_t>();
+  const int64_t* known = in.indices.data_ptr<int64_t>();
+  const int64_t* user = in.users.data_ptr<int64_t>();
+  const float* u = in.uniform.data_ptr<float>();
+  int64_t* out = items.data_ptr<int64_t>();
+  std::atomic<bool> bad{false};
+  at::parallel_for(0, in.rows, lookup_grain(size * size), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const float* draws = u + b * size;
+      for (int64_t i = 0; i < size; ++i) {
+        if (!(draws[i] >= 0.0f && draws[i] < 1.0f)) bad = true;
+      }
+      int64_t* row = out + b * size;  // positions first, then the items at them
+      const int64_t first = ptr[user[b]];
+      const int64_t taken = floyd_positions(ptr[user[b] + 1] - first, size, draws, row);
+      for (int64_t i = 0; i < taken; ++i) row[i] = known[first + row[i]];
+      for (int64_t i = taken; i < size; ++i) row[i] = -1;
+    }
+  });
+  TORCH_CHECK(!bad, op, ": uniform must lie in [0, 1)");
+  return items;
+}
+
+}  // namespace
+}  // namespace pnn_fast
+
+TORCH_LIBRARY_IMPL(pnn_fast, CPU, m) {
+  m.impl("history_sample", &pnn_fast::history_sample_cpu);
+}

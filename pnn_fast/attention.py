@@ -1,0 +1,67 @@
+"""The user-aware attention: the paper's per-user weight lambda between the BPR warm-up and PNN."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import backends
+from .backends.rows import gather_rows
+from .known import KnownPositives
+from .sampling import sample_history
+
+
+def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+class UserAwareAttention(nn.Module):
+    """lambda_u = sigmoid(w1 . sum_h a_h e_h), a = softmax_h(e_u . tanh(W2 e_h + b)).
+
+    The paper's adaptive weight between the BPR warm-up and the PNN loss. ``w1`` and ``W2`` are
+    constrained non-negative (the paper's R_+) through a softplus re-parametrisation, which
+    keeps every entry positive and trainable (a clamp would freeze entries that cross zero).
+    The history is up to ``history_len`` of the user's known items, a uniform random subset
+    (without replacement) when the user has more.
+    """
+
+    def __init__(self, dim: int, history_len: int = 50):
+        super().__init__()
+        self.dim = dim
+        self.history_len = history_len
+        scale = math.sqrt(2.0 / (dim + dim))  # xavier-normal std of a d x d matrix
+        self.raw_w1 = nn.Parameter(_inverse_softplus(torch.randn(dim).abs() * scale + 1e-3))
+        self.raw_w2 = nn.Parameter(_inverse_softplus(torch.randn(dim, dim).abs() * scale + 1e-3))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    @property
+    def w1(self) -> torch.Tensor:
+        return F.softplus(self.raw_w1)
+
+    @property
+    def w2(self) -> torch.Tensor:
+        return F.softplus(self.raw_w2)
+
+    def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
+                known: KnownPositives, backend: str = "auto") -> torch.Tensor:
+        """lambda per row: float [B] in (0, 1); e_u is each row's own user embedding.
+
+        ``user_emb`` float [B, d]; ``item_table`` float [I, d]; ``users`` int [B]. One history
+        sample per distinct user of the batch, shared by that user's rows; ``backend`` (as
+        :func:`pnn_fast.backends.select`) samples it and computes the logits.
+        """
+        impl = backends.select(backend, user_emb.device)
+        unique_users, row_of = torch.unique(users, return_inverse=True)
+        items, mask = sample_history(known, unique_users, self.history_len, backend)
+        # the key and <e_h, w1> depend on the item only: evaluate them once per distinct history item
+        hist_items, hist_of = torch.unique(items, return_inverse=True)
+        hist_rows = item_table[hist_items]
+        keys = torch.tanh(hist_rows @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
+        slots = hist_of[row_of]  # [B, L]: each row's history as indices into hist_items
+        logits = impl.gathered_dots(user_emb, keys, slots).masked_fill(~mask[row_of], float("-inf"))
+        weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
+        # w1 . sum_l a_l e_l = sum_l a_l (e_l . w1): a weighted sum of scalars, not of [d] rows
+        along_w1 = gather_rows(hist_rows @ self.w1.to(hist_rows.dtype), slots)  # [B, L]
+        return torch.sigmoid((weights * along_w1).sum(dim=1))

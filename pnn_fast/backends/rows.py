@@ -1,0 +1,76 @@
+"""Per-row helpers that both backends share: the parts of the semantics that involve no
+[B, C] scoring (docs/semantics.md), so that the reference and the fused backend cannot drift
+apart on them. Pure PyTorch on [B] and [B, d] tensors.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+import torch.nn.functional as F
+
+#: the size rule of a row's negative class: "proportional", "count" or a fixed int
+NegSize = Union[str, int]
+
+#: eps of the L2 normalisation in the clamp term and the uniformity term (as F.normalize)
+NORM_EPS = 1e-12
+
+
+def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise inner product over the last dimension: [..., d] x [..., d] -> [...]."""
+    return (a * b).sum(dim=-1)
+
+
+def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """table[index] for any index shape, by index_select: its backward (index_add) adds repeated
+    rows in a fixed order, whereas advanced indexing's (index_put with accumulate) may add them
+    in any order on a multi-threaded CPU, which makes training runs irreproducible."""
+    return table.index_select(0, index.reshape(-1)).reshape(*index.shape, *table.shape[1:])
+
+
+def negative_class_size(num_unlabeled: torch.Tensor, num_known: torch.Tensor, num_items: int,
+                        neg_size: NegSize) -> torch.Tensor:
+    """k_b, the size of the negative class of each row (int64 [B]); shared by every backend.
+
+    "proportional": round-half-up(|U_b| * N_u / (I - N_u)), at least 1 (the user's
+    share of positives carried over to the batch's unlabeled items);
+    "count": N_u (the paper's |Sigma_neg| = N_u); an int: that number.
+    Always at most |U_b| - 1 so the neutral class keeps at least one item.
+    """
+    num_unlabeled = num_unlabeled.long()
+    num_known = num_known.long()
+    if neg_size == "proportional":
+        rest = (num_items - num_known).clamp_min(1)  # I - N_u; rows where it is 0 have no unlabeled items
+        k = torch.div(2 * num_unlabeled * num_known + rest, 2 * rest, rounding_mode="floor").clamp_min(1)
+    elif neg_size == "count":
+        k = num_known
+    else:
+        k = torch.full_like(num_unlabeled, int(neg_size))
+    return torch.minimum(k, (num_unlabeled - 1).clamp_min(0))
+
+
+def terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, num_neutral, num_negative, valid,
+                         noise_pos, noise_neg) -> dict:
+    """L_rank and L_constrain from the class centroids; the part every backend shares.
+
+    Args: float [B, d] ``user_emb``, ``pos_emb``, ``c_neu``, ``c_neg``, ``noise_*``; float [B]
+    ``pos_score``, ``bpr``; int64 [B] ``hard``, ``num_neutral``, ``num_negative``; bool [B] ``valid``.
+    Returns: the dict of :func:`pnn_row_terms`.
+    """
+    zero = torch.zeros_like(pos_score)
+    has_negative = num_negative > 0
+
+    # L_rank: positive > neutral centroid > negative centroid
+    s_neu, s_neg = dot(user_emb, c_neu), dot(user_emb, c_neg)
+    rank = F.softplus(s_neu - pos_score) + torch.where(has_negative, F.softplus(s_neg - s_neu), zero)
+    rank = torch.where(valid, rank, zero)
+
+    # L_constrain: the two clamp embeddings e_neu + noise_pos*dir(e_+) and e_neu + noise_neg*dir(c_neg);
+    # e_neu cancels in their difference, so it is evaluated in the simplified form.
+    gap = noise_pos * F.normalize(pos_emb, dim=1, eps=NORM_EPS) - noise_neg * F.normalize(c_neg, dim=1, eps=NORM_EPS)
+    constrain = torch.where(valid & has_negative, gap.pow(2).sum(dim=1), zero)
+
+    return {
+        "bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard,
+        "num_negative": num_negative, "num_neutral": num_neutral, "valid": valid,
+    }

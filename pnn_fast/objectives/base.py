@@ -1,0 +1,94 @@
+"""The Objective interface and its registry: what the trainer computes for one batch of
+(user, positive item) pairs.
+
+An objective owns its negative sampling and any state of its own (a learned boundary, a
+negative memory), so the trainer stays the same for every method. Objectives register by
+name with :func:`register`; ``pnn-fast train --loss NAME`` picks one, ``--loss-arg KEY=VALUE``
+overrides its ``DEFAULTS``.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from .. import backends
+from ..known import KnownPositives
+from ..models import Recommender
+
+OBJECTIVES: dict[str, type[Objective]] = {}
+
+
+def register(name: str):
+    """Class decorator adding an Objective to :data:`OBJECTIVES` under ``name``."""
+    def wrap(cls):
+        cls.name = name
+        OBJECTIVES[name] = cls
+        return cls
+    return wrap
+
+
+class BatchLoss(NamedTuple):
+    """An objective's output: the loss and the rows its L2 term covers.
+
+    The trainer's L2 term (RecBole's EmbLoss, :func:`embedding_l2`) covers the layer-0 rows of
+    ``users``, ``pos_items`` and ``neg_items`` (int [B] or [B, K]; None when the term covers the
+    users and positives only). ``l2_included``: the objective has already added that term, with
+    the weight the trainer passed, to ``loss`` (fused into its own op), so the trainer must not
+    add it again.
+    """
+
+    loss: torch.Tensor
+    users: torch.Tensor
+    pos_items: torch.Tensor
+    neg_items: torch.Tensor | None = None
+    l2_included: bool = False
+
+
+def embedding_l2(model: Recommender, users: torch.Tensor, pos_items: torch.Tensor,
+                 neg_items: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+    """RecBole's EmbLoss (``require_pow=False``) of a BPR-style batch: the sum of the Frobenius
+    norms of the gathered layer-0 matrices ``U[users]``, ``I[pos_items]`` and ``I[neg_items]``
+    (each matrix its own norm, as RecBole's ``reg_loss(u, pos, neg)``), divided by B = ``users.numel()``."""
+    impl = backends.select(backend, model.user_embedding.weight.device)
+    user_table, item_table = model.user_embedding.weight, model.item_embedding.weight
+    total = impl.gathered_norm(user_table, users) + impl.gathered_norm(item_table, pos_items)
+    if neg_items is not None:
+        total = total + impl.gathered_norm(item_table, neg_items.reshape(-1))
+    return total / users.numel()
+
+
+class Objective(nn.Module):
+    """Base class. Subclasses set ``DEFAULTS`` (hyper-parameters with the authors' values)
+    and implement :meth:`forward`; their ``nn.Parameter``s are trained with the model's.
+
+    Args:
+        known: the training interactions (never sampled as negatives).
+        model: the recommender being trained (read for its sizes and layers).
+        args: overrides of ``DEFAULTS`` by name; an unknown name is a ValueError.
+
+    The L2 term belongs to the trainer, which passes its weight to :meth:`forward` as
+    ``reg_weight``: an objective that can fuse the term into its own op adds it and says so
+    (``BatchLoss.l2_included``); the others ignore the argument and the trainer adds the term.
+    """
+
+    name = "objective"
+    DEFAULTS: dict[str, Any] = {}
+
+    def __init__(self, known: KnownPositives, model: Recommender, **args):
+        super().__init__()
+        unknown = sorted(set(args) - set(self.DEFAULTS))
+        if unknown:
+            raise ValueError(f"loss {self.name!r} has no argument(s) {unknown}; valid: {sorted(self.DEFAULTS)}")
+        self.known = known
+        self.args = {**self.DEFAULTS, **args}
+
+    def forward(self, model: Recommender, users: torch.Tensor, pos_items: torch.Tensor,
+                generator: torch.Generator, reg_weight: float = 0.0) -> BatchLoss:
+        """The loss of a batch: ``users``, ``pos_items`` int [B]; ``generator`` the trainer's random
+        stream; ``reg_weight`` the trainer's L2 weight, which the objective may fuse (see above)."""
+        raise NotImplementedError
+
+    def on_epoch_start(self, model: Recommender, generator: torch.Generator) -> None:
+        """Per-epoch work before the first batch (e.g. refreshing a negative memory)."""

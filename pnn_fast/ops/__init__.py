@@ -1,0 +1,30 @@
+"""Typed wrappers over the compiled kernels ``torch.ops.pnn_fast.*``: one module per op, each with
+the op's wrapper, its fake (meta) implementation and, where it is differentiable, its autograd.
+
+Shapes: ``B`` rows, ``C`` candidates, ``d`` embedding size, ``I`` items.  Candidates are int
+``[C]`` shared by every row (in-batch mode) or ``[B, C]`` per row (sampled mode); ids may be
+int32 or int64.  Embeddings are float16, bfloat16, float32 or float64 (the kernels accumulate
+float16/bfloat16 in float32).  Non-contiguous inputs are accepted.
+
+Per row ``b`` with user ``u`` and positive ``i``, ``U_b`` is the set of candidate indices ``j``
+whose item is neither ``i`` nor a known positive of ``u``; ``s_j`` is ``<user_emb[b], item_table[c_j]>``.
+No op allocates anything of size ``[B, C]``.
+
+The table-lookup ops of a training step (:func:`unknown_items`, :func:`history_sample`,
+:func:`embedding_bpr`, :func:`gathered_norm`, :func:`gathered_dots`) take whole embedding tables
+and ids, and return dense table gradients.
+
+Importing this package needs the compiled extension (ImportError otherwise).
+"""
+from .class_centroids import class_centroids
+from .count_unlabeled import count_unlabeled
+from .embedding_bpr import embedding_bpr
+from .gathered_dots import gathered_dots
+from .gathered_norm import gathered_norm
+from .hard_negative_argmax import hard_negative_argmax
+from .history_sample import history_sample
+from .pairwise_uniformity import pairwise_uniformity
+from .unknown_items import unknown_items
+
+__all__ = ["class_centroids", "count_unlabeled", "embedding_bpr", "gathered_dots", "gathered_norm",
+           "hard_negative_argmax", "history_sample", "pairwise_uniformity", "unknown_items"]
