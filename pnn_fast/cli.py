@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   pnn-fast train --data ratings.csv --loss dns --epochs 50 --out runs/dns
   pnn-fast compare --data ../shared/data/ml-100k --losses simplex,uib --epochs 20
   pnn-fast evaluate --checkpoint runs/pnn/checkpoint.pt --data ../shared/data/ml-1m --split rs
+  pnn-fast study studies/example.toml --jobs 2 --threads 1    # a grid of runs, resumable; studies/README.md
 """
 
 
@@ -108,6 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by train")
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--split-name", default="test", choices=["valid", "test"])
+    st = sub.add_parser("study", help="train a TOML plan's datasets x models x configs x seeds (resumable, parallel) "
+                        "and summarise them")
+    st.add_argument("plan", help="the plan, a TOML file (format: studies/README.md)")
+    st.add_argument("--out", default=None, help="output folder (default studies/<the plan's study.name>)")
+    st.add_argument("--jobs", type=int, default=1, help="cells trained at once, each in its own process (default: 1)")
+    st.add_argument("--threads", type=int, default=None, help="torch threads per job (default: CPUs / jobs)")
+    st.add_argument("--only", default=None, metavar="PATTERN", help="train only the cells matching this glob "
+                    "over dataset/model/config/seedN")
+    st.add_argument("--summary-only", action="store_true", help="summarise the finished cells; train nothing")
+    st.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -224,11 +235,27 @@ def _evaluate(args) -> None:
     print(json.dumps(metrics, indent=2))
 
 
+def _study(args) -> None:
+    from .study import load_plan, run_study, write_summary
+
+    plan = load_plan(args.plan)  # checked whole before anything trains
+    out = Path(args.out or plan.default_out)
+    if args.summary_only:
+        write_summary(plan, out)
+    else:
+        try:
+            run_study(plan, out, jobs=args.jobs, threads=args.threads, only=args.only, progress=not args.no_progress)
+        except KeyboardInterrupt:
+            print("pnn-fast: interrupted; the same command resumes the study", file=sys.stderr)
+            raise SystemExit(130) from None
+    print(f"summary: {out / 'summary.md'}")
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        {"train": _train, "compare": _compare, "evaluate": _evaluate}[args.command](args)
+        {"train": _train, "compare": _compare, "evaluate": _evaluate, "study": _study}[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
         print(f"pnn-fast: error: {err}", file=sys.stderr)
         return 2

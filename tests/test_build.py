@@ -97,7 +97,8 @@ def test_project_metadata():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = meta["project"]
     assert (project["name"], project["version"], project["requires-python"]) == ("pnn_fast", "0.1.0", ">=3.9")
-    assert project["dependencies"] == ["torch>=2.4", "numpy", "scipy", "tqdm", "matplotlib"]
+    assert project["dependencies"] == ["torch>=2.4", "numpy", "scipy", "tqdm", "matplotlib",
+                                       "tomli>=1.1; python_version < '3.11'"]
     assert project["optional-dependencies"]["test"] == ["pytest", "pytest-benchmark", "numpy", "torch_geometric"]
     assert project["scripts"] == {"pnn-fast": "pnn_fast.cli:main"}
     assert set(meta["build-system"]["requires"]) >= {"wheel", "torch"}
