@@ -10,6 +10,7 @@ import torch
 
 from .data import load_dataset, synthetic_dataset
 from .objectives import OBJECTIVES
+from .study import load_plan, run_study, write_summary
 from .train import Trainer, TrainConfig, load_config, run
 
 EXAMPLES = """examples:
@@ -18,6 +19,7 @@ EXAMPLES = """examples:
   pnn-fast train --data ratings.csv --loss dns --epochs 50 --out runs/dns
   pnn-fast compare --data ../shared/data/ml-100k --losses simplex,uib --epochs 20
   pnn-fast evaluate --checkpoint runs/pnn/checkpoint.pt --data ../shared/data/ml-1m --split rs
+  pnn-fast study studies/example.toml --jobs 2 --threads 1    # a grid of runs, resumable; studies/README.md
 """
 
 
@@ -67,7 +69,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="a model hyper-parameter by RecBole's name, e.g. n_layers=3 (repeatable)")
     g.add_argument("--loss-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a hyper-parameter of the chosen loss by name, e.g. candidates=16 (repeatable; "
-                        "each loss's DEFAULTS in pnn_fast/objectives.py and pnn_fast/baselines/)")
+                        "each loss's DEFAULTS in pnn_fast/objectives/<loss>.py)")
     g = p.add_argument_group("dns")
     g.add_argument("--dns-candidates", type=int, default=OBJECTIVES["dns"].DEFAULTS["candidates"],
                    help="M uniform candidates per row")
@@ -111,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by train")
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--split-name", default="test", choices=["valid", "test"])
+    st = sub.add_parser("study", help="train a TOML plan's datasets x models x configs x seeds (resumable, parallel) "
+                        "and summarise them")
+    st.add_argument("plan", help="the plan, a TOML file (format: studies/README.md)")
+    st.add_argument("--out", default=None, help="output folder (default studies/<the plan's study.name>)")
+    st.add_argument("--jobs", type=int, default=1, help="cells trained at once, each in its own process (default: 1)")
+    st.add_argument("--threads", type=int, default=None, help="torch threads per job (default: CPUs / jobs)")
+    st.add_argument("--only", default=None, metavar="PATTERN", help="train only the cells matching this glob "
+                    "over dataset/model/config/seedN")
+    st.add_argument("--summary-only", action="store_true", help="summarise the finished cells; train nothing")
+    st.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -215,11 +227,25 @@ def _evaluate(args) -> None:
     print(json.dumps(metrics, indent=2))
 
 
+def _study(args) -> None:
+    plan = load_plan(args.plan)  # checked whole before anything trains
+    out = Path(args.out or plan.default_out)
+    if args.summary_only:
+        write_summary(plan, out)
+    else:
+        try:
+            run_study(plan, out, jobs=args.jobs, threads=args.threads, only=args.only, progress=not args.no_progress)
+        except KeyboardInterrupt:
+            print("pnn-fast: interrupted; the same command resumes the study", file=sys.stderr)
+            raise SystemExit(130) from None
+    print(f"summary: {out / 'summary.md'}")
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        {"train": _train, "compare": _compare, "evaluate": _evaluate}[args.command](args)
+        {"train": _train, "compare": _compare, "evaluate": _evaluate, "study": _study}[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
         print(f"pnn-fast: error: {err}", file=sys.stderr)
         return 2

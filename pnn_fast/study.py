@@ -1,0 +1,558 @@
+"""``pnn-fast study PLAN``: a grid of experiments from a TOML plan, run resumably and in parallel,
+summarised with paired statistics.
+
+A *cell* is one dataset x model x config x seed, trained by :func:`pnn_fast.train.run`. The data
+split never depends on the seed (it keeps the loaders' own seed), so the seeds of two configs are
+paired: the same split and the same initial draws, which is what the paired t-tests rely on.
+
+Plan::
+
+    [study]
+    name = "table2"                 # required; results go to studies/<name>/ unless --out is given
+    seeds = [1, 2, 3, 4, 5]         # required; the training seeds of every cell
+    baselines = ["bpr", "dns"]      # configs the others are compared with (the default; absent ones skipped)
+    epochs = 300                    # TrainConfig fields applied to every cell (see below)
+    patience = 10
+
+    [[datasets]]                    # one or more
+    name = "ml-1m"                  # required in every [[...]] entry: letters, digits, '-' and '_'
+    path = "../shared/data/ml-1m"   # required; relative to the current directory; "synthetic": built-in data
+    split = "rs"                    # optional: format, split, rating_threshold, kcore (see load_dataset)
+
+    [[models]]                      # one or more
+    name = "lightgcn-3"
+    model = "lightgcn"              # default: the entry's name
+    model_args = { n_layers = 3 }   # optional: the model's hyper-parameters
+
+    [[configs]]                     # one or more
+    name = "dns"
+    loss = "dns"                    # default: the entry's name
+    loss_args = { candidates = 8 }  # optional: the loss's hyper-parameters
+    seeds = [1, 2]                  # optional: e.g. fewer seeds for an expensive config
+
+Every table may set ``seeds`` and any TrainConfig field but those a cell sets itself (model, loss,
+seed, model_args, loss_args): dim, epochs, batch_size, lr, reg_weight, device, patience,
+valid_metric, ks, eval_batch_size. For a cell the most specific table wins: config > model >
+dataset > study. :func:`load_plan` checks the whole plan before anything trains; every error names
+the plan file and the key, e.g. ``studies/x.toml: configs[2].loss_args.candidatez: ...``.
+
+Output folder::
+
+    cells/<dataset>/<model>/<config>/seed<N>/results.json  + checkpoint.pt, curves.png (error.txt: failed)
+    summary.md, summary.json                                   the statistics of the finished cells
+    plots/<dataset>.<model>.png                                mean test NDCG@20 per config, std error bars
+
+A cell with a results.json is finished and skipped; one with only a checkpoint.pt resumes from it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import math
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import typing
+import warnings
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from itertools import product
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .data import Dataset, load_dataset, synthetic_dataset
+from .data.loaders import FORMATS, SPLITS
+from .models import MODELS
+from .objectives import OBJECTIVES
+from .train import TrainConfig, run
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, from PyPI, before Python 3.11
+    import tomli as tomllib
+
+SYNTHETIC = "synthetic"
+SUMMARY_METRICS = ("recall@20", "ndcg@20")
+PLOTTED_METRIC = "ndcg@20"
+DEFAULT_BASELINES = ("bpr", "dns")
+RESULTS_FILE, CHECKPOINT_FILE, ERROR_FILE = "results.json", "checkpoint.pt", "error.txt"
+
+# Names become folder and file names; without '.', "<dataset>.<model>.png" is unambiguous.
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# TrainConfig fields that each cell sets itself; every other field may be set by any table.
+_CELL_FIELDS = {"model", "loss", "seed", "model_args", "loss_args"}
+_OVERRIDE_KINDS = {f.name: list[int] if isinstance(f.default, tuple) else type(f.default)
+                   for f in dataclasses.fields(TrainConfig) if f.name not in _CELL_FIELDS}
+_COMMON_KEYS = {"seeds": list[int], **_OVERRIDE_KINDS}
+_SECTION_KEYS = {
+    "study": {"name": str, "baselines": list[str]},
+    "datasets": {"name": str, "path": str, "format": str, "split": str, "rating_threshold": float, "kcore": int},
+    "models": {"name": str, "model": str, "model_args": dict},
+    "configs": {"name": str, "loss": str, "loss_args": dict},
+}
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "a table",
+               list[int]: "an array of integers", list[str]: "an array of strings"}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where a dataset comes from: ``path`` is absolute, or "synthetic" (the built-in data)."""
+
+    name: str
+    path: str
+    format: str = "auto"
+    split: str = "auto"
+    rating_threshold: float | None = None
+    kcore: int = 0
+
+    def load(self) -> Dataset:
+        if self.path == SYNTHETIC:
+            return synthetic_dataset()
+        return load_dataset(self.path, format=self.format, split=self.split, rating_threshold=self.rating_threshold,
+                            kcore=self.kcore)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid: the entry names that place it, its data and its TrainConfig (seed included)."""
+
+    dataset: DatasetSpec
+    model: str
+    config: str
+    train_config: TrainConfig
+
+    @property
+    def seed(self) -> int:
+        return self.train_config.seed
+
+    @property
+    def key(self) -> str:
+        """``dataset/model/config/seedN``: the cell's folder under ``cells/``, and what --only matches."""
+        return f"{self.dataset.name}/{self.model}/{self.config}/seed{self.seed}"
+
+    def folder(self, out: Path) -> Path:
+        return Path(out) / "cells" / self.key
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked plan. ``groups`` maps (dataset, model, config) names, in plan order, to their cells (one per seed)."""
+
+    path: Path
+    name: str
+    baselines: tuple[str, ...]
+    configs: tuple[str, ...]
+    groups: dict[tuple[str, str, str], tuple[Cell, ...]]
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [cell for cells in self.groups.values() for cell in cells]
+
+    @property
+    def default_out(self) -> Path:
+        return Path("studies") / self.name
+
+
+# ---- reading and checking a plan ----------------------------------------------------------
+def _has_kind(value, kind) -> bool:
+    """Whether a TOML value is of ``kind`` (int, float, str, dict, list[int], list[str]); an integer is a float too."""
+    if typing.get_origin(kind) is list:
+        (item,) = typing.get_args(kind)
+        return isinstance(value, list) and all(_has_kind(v, item) for v in value)
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+class _PlanReader:
+    """Checks one parsed plan; every error names the plan file and the key."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def error(self, where: str, message, kind=ValueError) -> Exception:
+        return kind(f"{self.path}: {where}: {message}")
+
+    def table(self, where: str, table, section: str) -> dict:
+        """``table`` (an entry of ``section``) with its keys, their value types, its name and seeds checked."""
+        if not isinstance(table, dict):
+            raise self.error(where, "expected a table")
+        allowed = {**_SECTION_KEYS[section], **_COMMON_KEYS}
+        for key, value in table.items():
+            if key not in allowed:
+                raise self.error(f"{where}.{key}", f"unknown key; valid: {', '.join(sorted(allowed))}")
+            if not _has_kind(value, allowed[key]):
+                raise self.error(f"{where}.{key}", f"expected {_KIND_NAMES[allowed[key]]}, got {value!r}")
+        if "name" not in table:
+            raise self.error(f"{where}.name", "missing")
+        if not _NAME.fullmatch(table["name"]):
+            raise self.error(f"{where}.name", f"{table['name']!r}: use letters, digits, '-' and '_' only")
+        if "seeds" in table and (not table["seeds"] or len(set(table["seeds"])) < len(table["seeds"])):
+            raise self.error(f"{where}.seeds", f"expected distinct seeds, at least one, got {table['seeds']}")
+        return table
+
+    def overrides(self, where: str, table: dict) -> dict:
+        """The TrainConfig fields ``table`` sets, checked by building a TrainConfig from them alone."""
+        fields = {key: tuple(value) if isinstance(value, list) else value
+                  for key, value in table.items() if key in _OVERRIDE_KINDS}
+        try:
+            TrainConfig(**fields)
+        except ValueError as err:
+            raise self.error(where, err) from None
+        return fields
+
+    def entries(self, plan: dict, section: str) -> list[dict]:
+        """The ``[[section]]`` entries, each checked, names distinct."""
+        entries = plan.get(section)
+        if not isinstance(entries, list) or not entries:
+            raise self.error(section, f"expected one or more [[{section}]] entries")
+        seen = {}
+        for i, entry in enumerate(entries):
+            self.table(f"{section}[{i}]", entry, section)
+            if entry["name"] in seen:
+                raise self.error(f"{section}[{i}].name", f"{entry['name']!r} is also {section}[{seen[entry['name']]}]")
+            seen[entry["name"]] = i
+        return entries
+
+    def registered(self, where: str, entry: dict, key: str, registry: dict, args_key: str) -> str:
+        """``entry[key]`` (default: its name) checked against ``registry``, and the keys of ``entry[args_key]``
+        against that class's DEFAULTS."""
+        name = entry.get(key, entry["name"])
+        if name.lower() not in registry:
+            raise self.error(f"{where}.{key if key in entry else 'name'}",
+                             f"unknown {key} {name!r}; choose one of {sorted(registry)}")
+        valid = registry[name.lower()].DEFAULTS
+        for arg in entry.get(args_key, {}):
+            if arg not in valid:
+                raise self.error(f"{where}.{args_key}.{arg}", f"{key} {name!r} has no such argument; "
+                                 f"valid: {sorted(valid)}")
+        return name.lower()
+
+    def dataset(self, where: str, entry: dict) -> DatasetSpec:
+        if "path" not in entry:
+            raise self.error(f"{where}.path", "missing")
+        options = {key: entry[key] for key in ("format", "split", "rating_threshold", "kcore") if key in entry}
+        if entry["path"] == SYNTHETIC:
+            if options:
+                raise self.error(f"{where}.{next(iter(options))}",
+                                 "the built-in synthetic data takes no loading options")
+            return DatasetSpec(entry["name"], SYNTHETIC)
+        path = Path(entry["path"]).expanduser()
+        if not path.exists():
+            raise self.error(f"{where}.path", f"no such file or folder: {entry['path']!r} "
+                             f"(relative to the current directory, {Path.cwd()})", FileNotFoundError)
+        for key, choices in (("format", FORMATS), ("split", SPLITS)):
+            if options.get(key, "auto") not in choices:
+                raise self.error(f"{where}.{key}", f"choose one of {list(choices)}, got {options[key]!r}")
+        if options.get("kcore", 0) < 0:
+            raise self.error(f"{where}.kcore", f"expected an integer >= 0, got {options['kcore']}")
+        return DatasetSpec(entry["name"], str(path.resolve()), **options)
+
+    def read(self, plan: dict) -> Plan:
+        for section in plan:
+            if section not in _SECTION_KEYS:
+                raise self.error(section, f"unknown table; valid: {', '.join(_SECTION_KEYS)}")
+        if "study" not in plan:
+            raise self.error("study", "missing: a [study] table with name and seeds")
+        study = self.table("study", plan["study"], "study")
+        if "seeds" not in study:
+            raise self.error("study.seeds", "missing")
+        datasets, models, configs = (self.entries(plan, section) for section in ("datasets", "models", "configs"))
+        dataset_specs = [self.dataset(f"datasets[{i}]", entry) for i, entry in enumerate(datasets)]
+        model_types = [self.registered(f"models[{i}]", entry, "model", MODELS, "model_args")
+                       for i, entry in enumerate(models)]
+        losses = [self.registered(f"configs[{i}]", entry, "loss", OBJECTIVES, "loss_args")
+                  for i, entry in enumerate(configs)]
+        located = [("study", study)] + [(f"{section}[{i}]", entry) for section, entries in
+                                        (("datasets", datasets), ("models", models), ("configs", configs))
+                                        for i, entry in enumerate(entries)]
+        overrides = {where: self.overrides(where, table) for where, table in located}
+        groups = {}
+        for (d, dataset), (m, model), (c, config) in product(*map(enumerate, (datasets, models, configs))):
+            # the most specific table wins: config > model > dataset > study
+            tables = [("study", study), (f"datasets[{d}]", dataset), (f"models[{m}]", model), (f"configs[{c}]", config)]
+            fields = {key: value for where, _ in tables for key, value in overrides[where].items()}
+            seeds = next(table["seeds"] for _, table in reversed(tables) if "seeds" in table)
+            where = f"{dataset['name']}/{model['name']}/{config['name']}"
+            try:
+                base = TrainConfig(model=model_types[m], loss=losses[c], model_args=dict(model.get("model_args", {})),
+                                   loss_args=dict(config.get("loss_args", {})), **fields)
+            except ValueError as err:
+                raise self.error(where, err) from None
+            if not {int(metric.partition("@")[2]) for metric in SUMMARY_METRICS} <= set(base.ks):
+                raise self.error(where, f"ks must include the summary's k (metrics {SUMMARY_METRICS}), got {base.ks}")
+            groups[dataset["name"], model["name"], config["name"]] = tuple(
+                Cell(dataset_specs[d], model["name"], config["name"], dataclasses.replace(base, seed=seed))
+                for seed in seeds)
+        return Plan(self.path, study["name"], tuple(study.get("baselines", DEFAULT_BASELINES)),
+                    tuple(entry["name"] for entry in configs), groups)
+
+
+def load_plan(path: os.PathLike | str) -> Plan:
+    """Read and check a TOML plan (format: this module's docstring).
+
+    Raises:
+        FileNotFoundError: the plan, or a dataset path, does not exist.
+        ValueError: anything else wrong; the message names the plan file and the key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such plan file")
+    try:
+        parsed = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: not valid TOML: {err}") from None
+    return _PlanReader(path).read(parsed)
+
+
+# ---- training the cells -----------------------------------------------------------------
+_loaded_datasets: dict[DatasetSpec, Dataset] = {}  # a worker's datasets, each loaded once
+
+
+def _start_worker(threads: int) -> None:
+    """Initialiser of a worker process, before any cell."""
+    # torch's OpenMP pool is already up (importing this module imported torch): set_num_threads sizes
+    # it; the variable covers whatever starts threads later
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    # Ctrl-C ends the worker at once; by default it would report a KeyboardInterrupt and take the next cell
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _run_cell(cell: Cell, out: Path, show_bars: bool) -> str | None:
+    """Train a cell, or resume it from its checkpoint; returns None, or its error in one line (also in error.txt)."""
+    folder = cell.folder(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ERROR_FILE).unlink(missing_ok=True)
+    try:
+        if cell.dataset not in _loaded_datasets:
+            _loaded_datasets[cell.dataset] = cell.dataset.load()
+        run(_loaded_datasets[cell.dataset], cell.train_config, folder, resume=(folder / CHECKPOINT_FILE).exists(),
+            progress=show_bars, log=lambda line: print(f"{cell.key}  {line}", flush=True))
+    except Exception as err:  # noqa: BLE001 - a failure is the cell's own; the other cells go on
+        message = " ".join(f"{type(err).__name__}: {err}".split())
+        (folder / ERROR_FILE).write_text(message + "\n")
+        return message
+    return None
+
+
+def _train_cells(cells: list[Cell], out: Path, jobs: int, threads: int, show_bars: bool, log) -> dict[str, str]:
+    """Trains ``cells`` in ``jobs`` spawned worker processes; returns {cell key: error} of those that failed."""
+    pool = ProcessPoolExecutor(min(jobs, len(cells)), mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(threads,))
+    failed = {}
+    try:
+        futures = {pool.submit(_run_cell, cell, out, show_bars): cell for cell in cells}
+        for done, future in enumerate(as_completed(futures), 1):
+            cell, error = futures[future], future.result()
+            if error is not None:
+                failed[cell.key] = error
+            log(f"[{done}/{len(cells)}] {cell.key}: " + ("finished" if error is None else f"FAILED: {error}"))
+    except BaseException:
+        # Ctrl-C (or a worker killed): stop the running cells now, which loses at most each one's
+        # epoch in progress, instead of waiting for them; start no other
+        for process in list((pool._processes or {}).values()):  # public from Python 3.14: terminate_workers()
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return failed
+
+
+def run_study(plan: Plan, out: os.PathLike | str | None = None, *, jobs: int = 1, threads: int | None = None,
+              only: str | None = None, progress: bool = True, log=print) -> dict:
+    """Train the plan's unfinished cells, then write the summary (also when interrupted) and return it.
+
+    Args:
+        out: the output folder; default ``plan.default_out`` (studies/<name>).
+        jobs: cells trained at once, each in its own spawned process.
+        threads: torch threads per job; default the CPU count divided by ``jobs``. Results are
+            bit-identical on CPU for a given thread count, whatever ``jobs``.
+        only: a glob over cell keys (``dataset/model/config/seedN``): train only those.
+        progress: per-batch progress bars (with one job only: bars of several would interleave).
+    Raises:
+        RuntimeError: after the summary, when cells failed (their errors are in it).
+    """
+    if jobs < 1 or (threads is not None and threads < 1):
+        raise ValueError(f"jobs and threads must be >= 1, got {jobs} and {threads}")
+    out = Path(out or plan.default_out)
+    threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+    selected = [cell for cell in plan.cells if only is None or fnmatch.fnmatchcase(cell.key, only)]
+    if not selected:
+        raise ValueError(f"--only {only!r} matches no cell; cell names look like {plan.cells[0].key}")
+    pending = [cell for cell in selected if not (cell.folder(out) / RESULTS_FILE).exists()]
+    log(f"study {plan.name}: {len(selected)} cells, {len(selected) - len(pending)} finished before, "
+        f"{len(pending)} to train ({jobs} jobs x {threads} threads); output in {out}")
+    try:
+        failed = _train_cells(pending, out, jobs, threads, progress and jobs == 1, log) if pending else {}
+    finally:
+        summary = write_summary(plan, out)  # also after Ctrl-C: whatever has finished
+    if failed:
+        key, error = next(iter(failed.items()))
+        raise RuntimeError(f"{len(failed)} of {len(pending)} cells failed (first: {key}: {error}); "
+                           f"see {out / 'summary.md'}")
+    return summary
+
+
+# ---- the summary --------------------------------------------------------------------------
+def _mean(values: list) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def _std(values: list) -> float | None:
+    """The sample standard deviation (ddof=1); None below two values."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _versus(runs: dict, baseline_runs: dict, metric: str) -> dict:
+    """A config against a baseline on ``metric``, from {seed: results}: the lift of the mean in %, and the
+    paired two-sided t-test over the seeds both have finished (t and p None below two pairs)."""
+    from scipy.stats import ttest_rel
+
+    mean, baseline_mean = (_mean([r["test"][metric] for r in rs.values()]) for rs in (runs, baseline_runs))
+    lift = 100 * (mean - baseline_mean) / baseline_mean if mean is not None and baseline_mean else None
+    paired = sorted(set(runs) & set(baseline_runs))
+    t = p = None
+    if len(paired) >= 2:
+        with warnings.catch_warnings():  # equal pairs: NaN with a warning; reported as None
+            warnings.simplefilter("ignore", RuntimeWarning)
+            test = ttest_rel([runs[s]["test"][metric] for s in paired],
+                             [baseline_runs[s]["test"][metric] for s in paired])
+        t, p = _finite(test.statistic), _finite(test.pvalue)
+    return {"lift_percent": lift, "t": t, "p": p, "pairs": len(paired)}
+
+
+def _cell_status(folder: Path) -> dict:
+    if (folder / ERROR_FILE).exists():
+        return {"status": "failed", "error": (folder / ERROR_FILE).read_text().strip()}
+    if (folder / CHECKPOINT_FILE).exists():
+        return {"status": "interrupted (resumes from its checkpoint)"}
+    return {"status": "not started"}
+
+
+def summarize(plan: Plan, out: os.PathLike | str) -> dict:
+    """The statistics of the cells finished under ``out``, per (dataset, model, config) group, in plan order.
+
+    Returns a dict: ``groups`` (per group: planned and finished seeds, mean and std of each of
+    SUMMARY_METRICS, ``vs`` {baseline: {metric: lift_percent, t, p, pairs}}, mean_epoch_seconds,
+    mean_best_epoch), ``unfinished`` [{cell, status, error?}], counts; None where there is no value.
+    """
+    runs = {}  # (dataset, model, config) -> {seed: results}
+    unfinished = []
+    for group, cells in plan.groups.items():
+        runs[group] = {}
+        for cell in cells:
+            results_file = cell.folder(out) / RESULTS_FILE
+            if results_file.exists():
+                runs[group][cell.seed] = json.loads(results_file.read_text())
+            else:
+                unfinished.append({"cell": cell.key, **_cell_status(cell.folder(out))})
+    groups = []
+    for (dataset, model, config), cells in plan.groups.items():
+        finished = runs[dataset, model, config]
+        row = {"dataset": dataset, "model": model, "config": config, "loss": cells[0].train_config.loss,
+               "seeds": [cell.seed for cell in cells], "finished_seeds": sorted(finished)}
+        for metric in SUMMARY_METRICS:
+            values = [r["test"][metric] for r in finished.values()]
+            row[metric] = {"mean": _mean(values), "std": _std(values)}
+        row["vs"] = {baseline: {metric: _versus(finished, runs[dataset, model, baseline], metric)
+                                for metric in SUMMARY_METRICS}
+                     for baseline in plan.baselines if baseline in plan.configs and baseline != config}
+        row["mean_epoch_seconds"] = _mean([r["mean_epoch_seconds"] for r in finished.values()])
+        row["mean_best_epoch"] = _mean([r["best_epoch"] for r in finished.values()])
+        groups.append(row)
+    return {"study": plan.name, "plan": str(plan.path), "metrics": list(SUMMARY_METRICS),
+            "baselines": [b for b in plan.baselines if b in plan.configs], "cells": len(plan.cells),
+            "finished": len(plan.cells) - len(unfinished), "groups": groups, "unfinished": unfinished}
+
+
+def _number(x: float | None, spec: str = ".4f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _versus_text(comparison: dict) -> str:
+    if comparison["lift_percent"] is None:
+        return "—"
+    return (f"{comparison['lift_percent']:+.4f}% (t {_number(comparison['t'])}, p {_number(comparison['p'], '.3g')}, "
+            f"n {comparison['pairs']})")
+
+
+LEGEND = """\
+seeds: finished / planned. recall@20, ndcg@20: mean ± sample std (ddof 1) over the finished seeds of the test
+metric at the best validation epoch. "X vs B": lift of the mean of X over config B's mean, in %; t and p: paired
+two-sided t-test (scipy.stats.ttest_rel) over the n seeds both have finished (— below 2 pairs). s/epoch: mean
+training seconds per epoch; best epoch: mean epoch of the best validation score (epochs to converge)."""
+
+
+def _tables(summary: dict) -> dict[tuple[str, str], list[dict]]:
+    """The summary's group rows by (dataset, model), in plan order."""
+    tables = {}
+    for row in summary["groups"]:
+        tables.setdefault((row["dataset"], row["model"]), []).append(row)
+    return tables
+
+
+def summary_markdown(summary: dict) -> str:
+    """``summary`` (see :func:`summarize`) as Markdown: one table per dataset x model, configs in plan order."""
+    lines = [f"# Study {summary['study']}", "",
+             f"Plan `{summary['plan']}`: {summary['finished']} of {summary['cells']} cells finished.", "", LEGEND]
+    versus = [(baseline, metric) for baseline in summary["baselines"] for metric in summary["metrics"]]
+    for (dataset, model), rows in _tables(summary).items():
+        header = (["config", "loss", "seeds"] + summary["metrics"] + [f"{m} vs {b}" for b, m in versus]
+                  + ["s/epoch", "best epoch"])
+        lines += ["", f"## {dataset} · {model}", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+        for row in rows:
+            cells = ([row["config"], row["loss"], f"{len(row['finished_seeds'])}/{len(row['seeds'])}"]
+                     + [f"{_number(row[m]['mean'])} ± {_number(row[m]['std'])}" for m in summary["metrics"]]
+                     + [_versus_text(row["vs"][b][m]) if b in row["vs"] else "—" for b, m in versus]
+                     + [_number(row["mean_epoch_seconds"]), _number(row["mean_best_epoch"])])
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", f"![{PLOTTED_METRIC}](plots/{dataset}.{model}.png)"]
+    if summary["unfinished"]:
+        lines += ["", "## Unfinished cells", ""]
+        lines += [f"- `{u['cell']}`: {u['status']}" + (f": {u['error']}" if "error" in u else "")
+                  for u in summary["unfinished"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot_summary(summary: dict, folder: Path) -> None:
+    """One PNG per dataset x model: mean test NDCG@20 per config, with std error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for (dataset, model), rows in _tables(summary).items():
+        stat = [[row[PLOTTED_METRIC][key] for row in rows] for key in ("mean", "std")]
+        means, stds = (np.array(values, dtype=float) for values in stat)  # None (no value) -> NaN: no bar
+        fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(rows), 3.5))
+        ax.bar([row["config"] for row in rows], means, yerr=stds, capsize=4)
+        ax.set(ylabel=f"test {PLOTTED_METRIC}", title=f"{dataset} · {model} (mean ± std over seeds)")
+        ax.tick_params(axis="x", labelrotation=30)
+        fig.tight_layout()
+        fig.savefig(folder / f"{dataset}.{model}.png", dpi=100)
+        plt.close(fig)
+
+
+def write_summary(plan: Plan, out: os.PathLike | str) -> dict:
+    """summary.json, summary.md and plots/ under ``out`` from the cells finished there; returns the summary."""
+    out = Path(out)
+    summary = summarize(plan, out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.md").write_text(summary_markdown(summary))
+    plot_summary(summary, out / "plots")
+    return summary
+
+
+__all__ = ["Cell", "DatasetSpec", "Plan", "load_plan", "run_study", "summarize", "summary_markdown", "write_summary"]

@@ -1,0 +1,170 @@
+"""SL (sampled softmax) objective: the loss against a per-row loop over its equation on both backends,
+matching gradients, negatives that are never known positives, argument errors, cosine scoring tables,
+and a short ml-100k run that beats the most-popular ranking on NDCG@20."""
+import math
+
+import pytest
+import torch
+from conftest import data_path
+
+from pnn_fast import _extension
+from pnn_fast.objectives.sl import sampled_softmax_loss
+from pnn_fast.data import load_dataset
+from pnn_fast.eval import evaluate
+from pnn_fast.known import KnownPositives
+from pnn_fast.models import build_model
+from pnn_fast.objectives import build_objective
+from pnn_fast.train import TrainConfig, run
+
+compiled = pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_fast._C is not built")
+BACKENDS = ["reference", pytest.param("cpu", marks=compiled)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The machines running these tests are small and shared: no intra-op thread contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---- tiny inputs -------------------------------------------------------------------------
+NUM_USERS, NUM_ITEMS, DIM = 5, 12, 4
+KNOWN = {0: [1, 4, 7], 1: [0, 2], 2: [3, 5, 6, 8, 11], 3: [2], 4: [0, 1, 5, 6, 7, 9, 10]}
+USERS = torch.tensor([0, 2, 4, 1, 2, 3, 4])  # repeated users: their rows and gradients add up
+
+
+def tiny(seed=0):
+    """(known, float64 MF model) with random embeddings of varied norms."""
+    torch.manual_seed(seed)
+    users = torch.tensor([u for u, items in KNOWN.items() for _ in items])
+    items = torch.tensor([i for items in KNOWN.values() for i in items])
+    known = KnownPositives.from_pairs(users, items, NUM_USERS, NUM_ITEMS)
+    model = build_model("mf", NUM_USERS, NUM_ITEMS, users, items, dim=DIM).double()
+    with torch.no_grad():
+        model.user_embedding.weight.normal_().mul_(torch.rand(NUM_USERS, 1, dtype=torch.float64) * 3 + 0.1)
+        model.item_embedding.weight.normal_().mul_(torch.rand(NUM_ITEMS, 1, dtype=torch.float64) * 3 + 0.1)
+    return known, model
+
+
+def positives(users, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.tensor([KNOWN[u][int(torch.randint(len(KNOWN[u]), (1,), generator=g))] for u in users.tolist()])
+
+
+def sl_loop(model, users, pos, neg, temperature):
+    """-log(e^{s+} / (e^{s+} + sum_j e^{s_j})), s = cos / tau, one row and one negative at a time."""
+    U, I = model.user_embedding.weight.detach(), model.item_embedding.weight.detach()
+
+    def score(u, i):
+        return float(U[u] @ I[i]) / (float(U[u].norm()) * float(I[i].norm())) / temperature
+
+    total = 0.0
+    for b in range(users.numel()):
+        u = int(users[b])
+        positive = math.exp(score(u, int(pos[b])))
+        negatives = sum(math.exp(score(u, int(j))) for j in neg[b])
+        total += -math.log(positive / (positive + negatives))
+    return total / users.numel()
+
+
+# ---- the equation ---------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("temperature, num_negatives", [(0.1, 6), (0.5, 1), (2.0, 30)])
+def test_loss_matches_a_loop_over_its_equation(backend, temperature, num_negatives):
+    known, model = tiny()
+    obj = build_objective("sl", known, model, num_negatives=num_negatives, temperature=temperature, backend=backend)
+    pos = positives(USERS)
+    # the objective draws its negatives from the generator it is given: the same seed, the same draws
+    out = obj(model, USERS, pos, torch.Generator().manual_seed(3))
+    neg = known.sample_unknown(USERS, num_negatives, torch.Generator().manual_seed(3))
+    expected = sl_loop(model, USERS, pos, neg, temperature)
+    assert out.loss.dtype == torch.float64 and out.loss.dim() == 0
+    assert float(out.loss.detach()) == pytest.approx(expected, rel=1e-6)
+    assert torch.equal(out.users, USERS) and torch.equal(out.pos_items, pos)
+    assert out.neg_items is None and not out.l2_included  # the trainer's L2 covers users and positives
+    # the scoring function on given negatives, with repeated negatives in a row
+    fixed = torch.cat([neg[:, :1].expand(-1, 2), neg], dim=1)
+    got = sampled_softmax_loss(model.user_embedding.weight[USERS], model.item_embedding.weight, pos, fixed,
+                               temperature, backend)
+    assert float(got.detach()) == pytest.approx(sl_loop(model, USERS, pos, fixed, temperature), rel=1e-6)
+
+
+def test_large_logits_stay_finite():
+    # tau = 1e-3: logits up to 1000, where exp overflows float32 and float64 alike
+    known, model = tiny()
+    model = model.float()
+    obj = build_objective("sl", known, model, temperature=1e-3, num_negatives=50)
+    out = obj(model, USERS, positives(USERS), torch.Generator().manual_seed(4))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and out.loss >= 0
+    assert torch.isfinite(model.user_embedding.weight.grad).all()
+    assert torch.isfinite(model.item_embedding.weight.grad).all()
+
+
+@compiled
+def test_gradients_are_finite_and_agree_between_backends():
+    grads = {}
+    for backend in ("reference", "cpu"):
+        known, model = tiny()
+        obj = build_objective("sl", known, model, num_negatives=20, temperature=0.2, backend=backend)
+        obj(model, USERS, positives(USERS), torch.Generator().manual_seed(5)).loss.backward()
+        grads[backend] = [model.user_embedding.weight.grad, model.item_embedding.weight.grad]
+    for ref, fused in zip(grads["reference"], grads["cpu"]):
+        assert torch.isfinite(ref).all() and ref.abs().sum() > 0
+        torch.testing.assert_close(fused, ref, rtol=1e-10, atol=1e-12)
+
+
+# ---- sampling ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_negatives_are_never_known_positives_and_cover_the_unknown_items(backend):
+    known, model = tiny()
+    obj = build_objective("sl", known, model, num_negatives=400, backend=backend)
+    neg = obj.sample_negatives(USERS, torch.Generator().manual_seed(6))
+    assert neg.shape == (USERS.numel(), 400) and neg.dtype == torch.int64
+    assert not known.contains(USERS[:, None].expand_as(neg), neg).any()
+    for b, u in enumerate(USERS.tolist()):  # 400 draws reach every unknown item (at most 11 per user)
+        assert set(neg[b].tolist()) == set(range(NUM_ITEMS)) - set(KNOWN[u])
+
+
+# ---- arguments and scoring ------------------------------------------------------------------------
+@pytest.mark.parametrize("name, value", [
+    ("temperature", 0.0), ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")),
+    ("temperature", "hot"), ("temperature", True),
+    ("num_negatives", 0), ("num_negatives", -3), ("num_negatives", 2.5), ("backend", "gpu"),
+])
+def test_bad_arguments_are_value_errors_naming_the_argument(name, value):
+    known, model = tiny()
+    with pytest.raises(ValueError, match=name):
+        build_objective("sl", known, model, **{name: value})
+    with pytest.raises(ValueError, match="margin"):
+        build_objective("sl", known, model, margin=0.5)
+
+
+def test_scoring_tables_give_the_trained_cosines():
+    known, model = tiny()
+    obj = build_objective("sl", known, model)
+    users_unit, items_unit = obj.scoring_tables(model)
+    ones = torch.ones(NUM_USERS, dtype=torch.float64)
+    torch.testing.assert_close(users_unit.norm(dim=1), ones)
+    expected = torch.nn.functional.cosine_similarity(model.user_embedding.weight[:, None],
+                                                     model.item_embedding.weight[None], dim=-1)
+    torch.testing.assert_close(users_unit @ items_unit.T, expected)
+
+
+# ---- a short real run beats most-popular ----------------------------------------------------
+def popularity_ndcg(data):
+    pop = torch.bincount(data.train[1], minlength=data.num_items).double()[:, None]
+    return evaluate(torch.ones(data.num_users, 1, dtype=torch.float64), pop, data.test, [data.train, data.valid],
+                    ks=(20,))["ndcg@20"]
+
+
+def test_short_run_on_ml100k_beats_most_popular(tmp_path):
+    data = load_dataset(data_path("ml-100k"), split="rs", seed=2020)
+    # fewer negatives and a larger step than the defaults keep the CPU run short
+    config = TrainConfig(loss="sl", epochs=3, batch_size=1024, lr=0.01, dim=32, patience=100,
+                         loss_args={"num_negatives": 200})
+    results = run(data, config, tmp_path, progress=False, log=lambda *_: None)
+    baseline = popularity_ndcg(data)
+    assert results["test"]["ndcg@20"] > baseline, (results["test"]["ndcg@20"], baseline)

@@ -1,0 +1,178 @@
+"""``pnn-fast study``: the summary's statistics against a recomputation, resume, --jobs, failures, bad plans."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+from scipy.stats import ttest_rel
+
+from pnn_fast.cli import main
+from pnn_fast.data import synthetic_dataset
+from pnn_fast.train import TrainConfig, run
+
+# 2 x 3 + 2 cells of two tiny epochs on the built-in data; "dns16" has two seeds only
+PLAN = """\
+[study]
+name = "tiny"
+seeds = [1, 2, 3]
+dim = 8
+epochs = 2
+batch_size = 256
+patience = 5
+
+[[datasets]]
+name = "syn"
+path = "synthetic"
+
+[[models]]
+name = "mf"
+
+[[configs]]
+name = "bpr"
+
+[[configs]]
+name = "dns"
+loss_args = { candidates = 4 }
+
+[[configs]]
+name = "dns16"
+loss = "dns"
+loss_args = { candidates = 16 }
+seeds = [1, 2]
+"""
+METRICS = ("recall@20", "ndcg@20")
+
+
+def study(plan, out, *options) -> int:
+    return main(["study", str(plan), "--out", str(out), "--threads", "1", "--no-progress", *options])
+
+
+def cell_results(out, key) -> dict:
+    return json.loads((out / "cells" / key / "results.json").read_text())
+
+
+def results_files(out) -> dict:
+    """{cell key: results.json mtime in ns} of every finished cell under ``out``."""
+    cells = out / "cells"
+    return {str(p.parent.relative_to(cells)): p.stat().st_mtime_ns for p in cells.rglob("results.json")}
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory):
+    """The plan trained with one job: (plan file, output folder). Tests that change it work on a copy."""
+    folder = tmp_path_factory.mktemp("study")
+    plan = folder / "tiny.toml"
+    plan.write_text(PLAN)
+    assert study(plan, folder / "out", "--jobs", "1") == 0
+    return plan, folder / "out"
+
+
+def test_every_cell_finishes_and_the_summary_matches_a_recomputation(finished_study):
+    _, out = finished_study
+    seeds = {"bpr": [1, 2, 3], "dns": [1, 2, 3], "dns16": [1, 2]}
+    assert set(results_files(out)) == {f"syn/mf/{c}/seed{s}" for c, ss in seeds.items() for s in ss}
+    runs = {c: {s: cell_results(out, f"syn/mf/{c}/seed{s}") for s in ss} for c, ss in seeds.items()}
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["cells"], summary["finished"], summary["unfinished"]) == (8, 8, [])
+    rows = {row["config"]: row for row in summary["groups"]}
+    assert list(rows) == ["bpr", "dns", "dns16"]
+    for config, row in rows.items():
+        assert row["finished_seeds"] == seeds[config]
+        assert row["mean_best_epoch"] == pytest.approx(np.mean([r["best_epoch"] for r in runs[config].values()]))
+        assert row["mean_epoch_seconds"] == pytest.approx(np.mean([r["mean_epoch_seconds"]
+                                                                   for r in runs[config].values()]))
+        for metric in METRICS:
+            values = [r["test"][metric] for r in runs[config].values()]
+            assert row[metric]["mean"] == pytest.approx(np.mean(values))
+            assert row[metric]["std"] == pytest.approx(np.std(values, ddof=1))
+            assert set(row["vs"]) == {"bpr", "dns"} - {config}
+            for baseline, comparison in row["vs"].items():
+                base = [r["test"][metric] for r in runs[baseline].values()]
+                assert comparison[metric]["lift_percent"] == pytest.approx(100 * (np.mean(values) / np.mean(base) - 1))
+                paired = sorted(set(runs[config]) & set(runs[baseline]))
+                expected = ttest_rel([runs[config][s]["test"][metric] for s in paired],
+                                     [runs[baseline][s]["test"][metric] for s in paired])
+                assert comparison[metric]["pairs"] == len(paired)
+                assert comparison[metric]["t"] == pytest.approx(expected.statistic)
+                assert comparison[metric]["p"] == pytest.approx(expected.pvalue)
+    markdown = (out / "summary.md").read_text()
+    assert "| dns16 | dns | 2/2 |" in markdown and "## syn · mf" in markdown
+    assert (out / "plots" / "syn.mf.png").stat().st_size > 0
+
+
+def test_two_jobs_give_the_results_of_one(finished_study, tmp_path):
+    plan, out = finished_study
+    assert study(plan, tmp_path, "--jobs", "2") == 0
+    assert set(results_files(tmp_path)) == set(results_files(out))
+    for key in results_files(out):
+        assert cell_results(tmp_path, key)["test"] == cell_results(out, key)["test"], key
+
+
+def test_a_rerun_trains_only_unfinished_cells_and_resumes_from_checkpoints(finished_study, tmp_path, capfd):
+    plan, finished = finished_study
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    restarted, resumed = "syn/mf/bpr/seed2", "syn/mf/dns/seed1"
+    (out / "cells" / restarted / "results.json").unlink()
+    (out / "cells" / restarted / "checkpoint.pt").unlink()
+    # the resumed cell: one epoch of the plan's settings, then interrupted (a checkpoint, no results)
+    shutil.rmtree(out / "cells" / resumed)
+    one_epoch = run(synthetic_dataset(), TrainConfig(loss="dns", loss_args={"candidates": 4}, dim=8, epochs=1,
+                                                     batch_size=256, patience=5, seed=1),
+                    out / "cells" / resumed, progress=False, log=lambda *_: None)
+    (out / "cells" / resumed / "results.json").unlink()
+    untouched = results_files(out)
+
+    assert study(plan, out, "--summary-only") == 0
+    unfinished = json.loads((out / "summary.json").read_text())["unfinished"]
+    assert [(u["cell"], u["status"].split()[0]) for u in unfinished] == [(restarted, "not"), (resumed, "interrupted")]
+
+    capfd.readouterr()
+    assert study(plan, out, "--jobs", "1") == 0
+    printed = capfd.readouterr().out  # the workers' lines too
+    assert "6 finished before, 2 to train" in printed and f"{resumed}  resumed from" in printed
+    after = results_files(out)
+    assert {k: after[k] for k in untouched} == untouched
+    history = cell_results(out, resumed)["epochs"]
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert history[0] == one_epoch["epochs"][0]  # its loss, and its measured time: carried over, not rerun
+    for key in (restarted, resumed):  # a restart or a resume ends where an uninterrupted run does
+        assert cell_results(out, key)["test"] == cell_results(finished, key)["test"], key
+    assert json.loads((out / "summary.json").read_text())["unfinished"] == []
+
+
+def test_a_failing_cell_is_reported_and_the_others_finish(tmp_path, capsys):
+    plan = tmp_path / "failing.toml"
+    plan.write_text(PLAN.replace("seeds = [1, 2, 3]", "seeds = [1]").split("[[configs]]")[0]
+                    + '[[configs]]\nname = "bpr"\n\n[[configs]]\nname = "broken"\nloss = "pnn"\n'
+                      'loss_args = { neg_size = "bogus" }\n')
+    assert study(plan, tmp_path / "out", "--jobs", "1") == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "1 of 2 cells failed" in error and "syn/mf/broken/seed1" in error
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["finished"] == 1
+    [failure] = summary["unfinished"]
+    assert failure["cell"] == "syn/mf/broken/seed1" and failure["status"] == "failed"
+    assert "neg_size" in failure["error"] and "\n" not in failure["error"]
+    assert "syn/mf/broken/seed1`: failed: ValueError: neg_size" in (tmp_path / "out" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("change, where", [
+    (("name = \"dns\"\n", "name = \"dns\"\nlearning_rate = 0.1\n"), "configs[1].learning_rate: unknown key"),
+    (("loss = \"dns\"\n", "loss = \"dnz\"\n"), "configs[2].loss: unknown loss 'dnz'"),
+    (("{ candidates = 4 }", "{ candidatez = 4 }"), "configs[1].loss_args.candidatez"),
+    (("path = \"synthetic\"", "path = \"no/such/folder\""), "datasets[0].path: no such file or folder"),
+    (("seeds = [1, 2, 3]\n", ""), "study.seeds: missing"),
+    (("name = \"dns16\"", "name = \"dns\""), "configs[2].name: 'dns' is also configs[1]"),
+    (("dim = 8", "dim = \"8\""), "study.dim: expected an integer"),
+    (("epochs = 2", "epochs = 0"), "study: epochs must be a positive int"),
+])
+def test_a_bad_plan_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, change, where):
+    plan = tmp_path / "bad.toml"
+    old, new = change
+    assert PLAN.count(old) == 1
+    plan.write_text(PLAN.replace(old, new))
+    assert study(plan, tmp_path / "out") == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"pnn-fast: error: {plan}: {where}") and error.count("\n") == 1, error
+    assert not (tmp_path / "out").exists()  # checked before anything trains
