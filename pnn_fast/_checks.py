@@ -84,9 +84,9 @@ def check_values(id_checks: Sequence[tuple[str, torch.Tensor, int]], finite_chec
 
 
 def validate_batch(known: KnownPositives, dim: int, user_emb, item_table, users, pos_items, neg_items, noise,
-                   values: bool = True) -> None:
+                   values: bool = True, hard_candidates=None) -> None:
     """Shapes, dtypes and devices of one loss call; with ``values`` also id ranges and finiteness
-    (one host sync)."""
+    (one host sync). ``neg_items`` and ``hard_candidates``: int [B, K] or None."""
     check_embedding("user_emb", user_emb, rows=None, dim=dim)
     batch = user_emb.shape[0]
     if batch == 0:
@@ -98,13 +98,15 @@ def validate_batch(known: KnownPositives, dim: int, user_emb, item_table, users,
     ids = [("users", users, known.num_users), ("pos_items", pos_items, known.num_items)]
     floats = [("user_emb", user_emb), ("item_table", item_table)]
     same_device = [("users", users), ("pos_items", pos_items)]
-    if neg_items is not None:
-        require_tensor("neg_items", neg_items)
-        if neg_items.dim() != 2 or neg_items.shape[0] != batch or neg_items.shape[1] == 0:
-            raise ValueError(f"neg_items must have shape [B={batch}, K>=1], got {list(neg_items.shape)}")
-        check_id_tensor("neg_items", neg_items, None)
-        ids.append(("neg_items", neg_items, known.num_items))
-        same_device.append(("neg_items", neg_items))
+    for name, candidates in (("neg_items", neg_items), ("hard_candidates", hard_candidates)):
+        if candidates is None:
+            continue
+        require_tensor(name, candidates)
+        if candidates.dim() != 2 or candidates.shape[0] != batch or candidates.shape[1] == 0:
+            raise ValueError(f"{name} must have shape [B={batch}, K>=1], got {list(candidates.shape)}")
+        check_id_tensor(name, candidates, None)
+        ids.append((name, candidates, known.num_items))
+        same_device.append((name, candidates))
     if noise is not None:
         if not isinstance(noise, (tuple, list)) or len(noise) != 2:
             raise TypeError("noise must be a pair (noise_pos, noise_neg) of [B, d] tensors")

@@ -34,13 +34,16 @@ class PNNLoss(nn.Module):
         uniform_normalize: L2-normalise the embeddings inside L_uniform.
         lambda_mode: "attention" (learned per user) or "fixed" (``fixed_lambda`` everywhere).
         use_rank: keep L_rank (False gives the paper's "w/o rank" ablation).
+        rank_weight: the weight of L_rank inside L_PNN (the paper's 1).
         backend: "auto", "reference", "cpu" or "cuda" (same semantics everywhere).
         validate: check id ranges and finiteness on every call (one host sync); a trainer that
             makes its own ids may turn it off. Shapes, dtypes and devices are always checked.
 
     Forward shapes: ``user_emb`` float [B, d]; ``item_table`` float [I, d];
     ``users``, ``pos_items`` int [B]; ``neg_items`` int [B, K] or None (in-batch candidates);
-    ``noise`` a pair of float [B, d] or None. Returns the scalar loss, or
+    ``noise`` a pair of float [B, d] or None; ``hard_candidates`` int [B, M] or None: when given,
+    L_BPR takes its hard negative as the hardest unlabeled of these (DNS's choice, e.g. M uniform
+    samples) while the classes still come from the candidates. Returns the scalar loss, or
     ``(loss, components)`` with per-row ``bpr``, ``rank``, ``constrain``, ``lambda``,
     ``hard_negative``, ``num_negative``, ``num_neutral``, ``valid`` [B] and scalar ``uniform``.
     """
@@ -48,7 +51,8 @@ class PNNLoss(nn.Module):
     def __init__(self, known: KnownPositives, dim: int, *, alpha: float = 0.8, beta: float = 0.6,
                  noise_max: float = 0.1, neg_size: Union[str, int] = "proportional", history_len: int = 50,
                  uniform_t: float = 2.0, uniform_normalize: bool = True, lambda_mode: str = "attention",
-                 fixed_lambda: float = 0.5, use_rank: bool = True, backend: str = "auto", validate: bool = True):
+                 fixed_lambda: float = 0.5, use_rank: bool = True, rank_weight: float = 1.0, backend: str = "auto",
+                 validate: bool = True):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
@@ -64,6 +68,8 @@ class PNNLoss(nn.Module):
             raise ValueError(f"history_len must be a positive int, got {history_len!r}")
         if noise_max < 0:
             raise ValueError(f"noise_max must be >= 0, got {noise_max!r}")
+        if not rank_weight >= 0:
+            raise ValueError(f"rank_weight must be >= 0, got {rank_weight!r}")
         self.known = known
         self.dim = dim
         self.alpha, self.beta = float(alpha), float(beta)
@@ -74,14 +80,17 @@ class PNNLoss(nn.Module):
         self.lambda_mode = lambda_mode
         self.fixed_lambda = float(fixed_lambda)
         self.use_rank = use_rank
+        self.rank_weight = float(rank_weight)
         self.backend = backends.check_name(backend)
         self.validate = validate
         self.attention = UserAwareAttention(dim, history_len) if lambda_mode == "attention" else None
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                 pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None,
-                noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_components: bool = False):
-        validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise, self.validate)
+                noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_components: bool = False,
+                hard_candidates: Optional[torch.Tensor] = None):
+        validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise, self.validate,
+                       hard_candidates=hard_candidates)
         known = self.known = self.known.to(user_emb.device)  # moved once, then cached
         impl = backends.select(self.backend, user_emb.device)
         candidates = pos_items if neg_items is None else neg_items
@@ -89,6 +98,9 @@ class PNNLoss(nn.Module):
             noise = (torch.rand_like(user_emb) * self.noise_max, torch.rand_like(user_emb) * self.noise_max)
         terms = impl.pnn_row_terms(user_emb, item_table, users, pos_items, candidates, known,
                                    self.neg_size, noise[0], noise[1])
+        if hard_candidates is not None:  # L_BPR against DNS's hard negative; the classes stay the candidates'
+            bpr, hard, _ = impl.hard_negative_bpr(user_emb, item_table, users, pos_items, hard_candidates, known)
+            terms = dict(terms, bpr=bpr, hard_negative=hard)
 
         # L_uniform over the batch's distinct candidate items; O(n^2 d), so skipped when its weight is 0
         if self.beta == 0 and not return_components:
@@ -104,7 +116,7 @@ class PNNLoss(nn.Module):
         else:
             lam = torch.full_like(terms["bpr"], self.fixed_lambda)
 
-        rank = terms["rank"] if self.use_rank else torch.zeros_like(terms["rank"])
+        rank = self.rank_weight * terms["rank"] if self.use_rank else torch.zeros_like(terms["rank"])
         pnn = self.alpha * terms["constrain"] + self.beta * uniform + rank
         valid = terms["valid"]
         per_row = torch.where(valid, (1 - lam) * terms["bpr"] + lam * pnn, torch.zeros_like(pnn))

@@ -12,6 +12,7 @@ from pnn_fast.objectives.sl import sampled_softmax_loss
 from pnn_fast.data import load_dataset
 from pnn_fast.eval import evaluate
 from pnn_fast.known import KnownPositives
+from pnn_fast.sampling import sample_unknown
 from pnn_fast.models import build_model
 from pnn_fast.objectives import build_objective
 from pnn_fast.train import TrainConfig, run
@@ -78,7 +79,7 @@ def test_loss_matches_a_loop_over_its_equation(backend, temperature, num_negativ
     pos = positives(USERS)
     # the objective draws its negatives from the generator it is given: the same seed, the same draws
     out = obj(model, USERS, pos, torch.Generator().manual_seed(3))
-    neg = known.sample_unknown(USERS, num_negatives, torch.Generator().manual_seed(3))
+    neg = sample_unknown(known, USERS, num_negatives, torch.Generator().manual_seed(3))
     expected = sl_loop(model, USERS, pos, neg, temperature)
     assert out.loss.dtype == torch.float64 and out.loss.dim() == 0
     assert float(out.loss.detach()) == pytest.approx(expected, rel=1e-6)
@@ -128,11 +129,35 @@ def test_negatives_are_never_known_positives_and_cover_the_unknown_items(backend
         assert set(neg[b].tolist()) == set(range(NUM_ITEMS)) - set(KNOWN[u])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_neutral_weight_down_weights_all_but_the_lowest_scored_negatives(backend):
+    """PNN's classes in the softmax: the k lowest-scored negatives of a row keep weight 1 in the
+    denominator, the rest weigh w; checked against a loop over rows with sorted scores."""
+    known, model = tiny()
+    pos = positives(USERS)
+    neg = sample_unknown(known, USERS, 12, torch.Generator().manual_seed(5))
+    k = torch.tensor([1, 3, 0, 12, 5, 2, 7, 4][:USERS.numel()])
+    weight, temperature = 0.25, 0.3
+    U, I = model.user_embedding.weight.detach(), model.item_embedding.weight.detach()
+    total = 0.0
+    for b in range(USERS.numel()):
+        u = int(USERS[b])
+        cos = [float(U[u] @ I[int(j)]) / float(U[u].norm() * I[int(j)].norm()) / temperature for j in neg[b]]
+        lowest = sorted(range(len(cos)), key=lambda j: (cos[j], j))[:int(k[b])]
+        s_pos = float(U[u] @ I[int(pos[b])]) / float(U[u].norm() * I[int(pos[b])].norm()) / temperature
+        denominator = math.exp(s_pos) + sum(math.exp(c) * (1.0 if j in lowest else weight) for j, c in enumerate(cos))
+        total += -math.log(math.exp(s_pos) / denominator)
+    got = sampled_softmax_loss(model.user_embedding.weight[USERS], model.item_embedding.weight, pos, neg,
+                               temperature, backend, neutral_weight=weight, num_negative=k)
+    assert float(got.detach()) == pytest.approx(total / USERS.numel(), rel=1e-6)
+
+
 # ---- arguments and scoring ------------------------------------------------------------------------
 @pytest.mark.parametrize("name, value", [
     ("temperature", 0.0), ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")),
     ("temperature", "hot"), ("temperature", True),
     ("num_negatives", 0), ("num_negatives", -3), ("num_negatives", 2.5), ("backend", "gpu"),
+    ("neutral_weight", 0.0), ("neutral_weight", 1.5),
 ])
 def test_bad_arguments_are_value_errors_naming_the_argument(name, value):
     known, model = tiny()

@@ -372,7 +372,7 @@ def test_cuda_matches_reference(per_row, dtype):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device and the CUDA kernels")
 @pytest.mark.parametrize("rows", [8192, 20000])
 def test_cuda_large_batch_takes_the_slow_path_correctly(rows):
-    # 20000 shared candidates exceed the shared-memory plan of bottom_k_select: multi-pass path
+    # 20000 shared candidates exceed the shared-memory plan of class_centroids: the multi-pass path
     batch = make_batch(rows, 64, dtype=torch.float32, num_users=5000, num_items=30000, known_per_user=30,
                        seed=37, device="cuda")
     subset = torch.randperm(rows, generator=torch.Generator().manual_seed(0))[:48].cuda()

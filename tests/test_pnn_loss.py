@@ -211,8 +211,7 @@ def test_attention_matches_the_papers_formula(backend):
     item_table = torch.randn(9, 5, generator=g, dtype=torch.float64)
     batch_users = torch.tensor([3, 0, 2, 1, 3])
     user_emb = torch.randn(5, 5, generator=g, dtype=torch.float64)
-    impl = pnn_fast.losses.select_backend(backend, user_emb.device)
-    got = att(user_emb, item_table, batch_users, known, impl)
+    got = att(user_emb, item_table, batch_users, known, backend)
     w1, w2 = att.w1.detach(), att.w2.detach()
     for b, u in enumerate(batch_users.tolist()):
         hist = item_table[known_items[u]]
@@ -222,3 +221,41 @@ def test_attention_matches_the_papers_formula(backend):
             a = torch.softmax(torch.stack([user_emb[b] @ torch.tanh(w2 @ e + att.bias.detach()) for e in hist]), 0)
             want = torch.sigmoid(w1 @ (a[:, None] * hist).sum(0))
         torch.testing.assert_close(got[b].detach(), want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("cpu", marks=pytest.mark.skipif(
+    not pnn_fast.build_info()["compiled"], reason="pnn_fast._C is not built"))])
+def test_hard_candidates_replace_only_the_bpr_hard_negative(backend):
+    """hard_candidates: L_BPR against DNS's hardest of M given items; the classes, L_rank and
+    L_constrain are still those of the candidates."""
+    p = make_problem(seed=4, k=6)
+    hard_set = torch.randint(0, p["num_items"], (p["users"].numel(), 3), generator=torch.Generator().manual_seed(9))
+    loss_fn = PNNLoss(p["known"], p["dim"], lambda_mode="fixed", fixed_lambda=0.4, backend=backend).double()
+    args = (p["user_emb"], p["item_table"], p["users"], p["pos"], p["neg"])
+    _, plain = loss_fn(*args, noise=p["noise"], return_components=True)
+    _, mixed = loss_fn(*args, noise=p["noise"], return_components=True, hard_candidates=hard_set)
+    dns = pnn_fast.DNSLoss(p["known"], backend=backend)
+    bpr_rows = [dns(p["user_emb"][b:b + 1], p["item_table"], p["users"][b:b + 1], p["pos"][b:b + 1],
+                    hard_set[b:b + 1]) for b in range(p["users"].numel())]
+    torch.testing.assert_close(mixed["bpr"], torch.stack(bpr_rows))
+    for name in ("rank", "constrain", "num_negative", "num_neutral", "valid"):
+        torch.testing.assert_close(mixed[name], plain[name])
+    with pytest.raises(ValueError, match=r"hard_candidates must have shape \[B=24, K>=1\]"):
+        loss_fn(*args, hard_candidates=hard_set[:3])
+
+
+def test_rank_weight_scales_the_rank_term():
+    p = make_problem(seed=5, k=5)
+    losses = []
+    for weight in (1.0, 2.5):
+        loss_fn = PNNLoss(p["known"], p["dim"], lambda_mode="fixed", fixed_lambda=0.4, rank_weight=weight,
+                          backend="reference").double()
+        loss, comp = loss_fn(p["user_emb"], p["item_table"], p["users"], p["pos"], p["neg"], noise=p["noise"],
+                             return_components=True)
+        losses.append((loss, comp))
+    (loss1, comp1), (loss2, comp2) = losses
+    torch.testing.assert_close(comp2["rank"], 2.5 * comp1["rank"])
+    valid = comp1["valid"]
+    torch.testing.assert_close(loss2 - loss1, 0.4 * 1.5 * comp1["rank"][valid].sum() / valid.sum())
+    with pytest.raises(ValueError, match="rank_weight"):
+        PNNLoss(p["known"], p["dim"], rank_weight=-1.0)

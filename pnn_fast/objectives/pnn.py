@@ -10,22 +10,35 @@ from .base import BatchLoss, Objective, register
 @register("pnn")
 class PNNObjective(Objective):
     """The paper's PNN loss (docs/semantics.md); in-batch candidates unless ``in_batch`` is False,
-    then ``candidates`` sampled unknown items per row (the authors' code uses 8)."""
+    then ``candidates`` sampled unknown items per row (the authors' code uses 8).
+
+    ``hard_negative``: "candidates" (the paper: L_BPR's hard negative is the hardest of the class
+    candidates) or "sampled" (DNS's: the hardest of ``hard_candidates`` fresh uniform samples, while
+    the classes stay over the candidates). ``rank_weight``: L_rank's weight inside L_PNN."""
 
     DEFAULTS = {"in_batch": True, "candidates": 8, "alpha": 0.8, "beta": 0.6, "neg_size": "proportional",
                 "history_len": 50, "lambda_mode": "attention", "fixed_lambda": 0.5, "use_rank": True,
+                "rank_weight": 1.0, "hard_negative": "candidates", "hard_candidates": 8,
                 "noise_max": 0.1, "uniform_t": 2.0, "backend": "auto"}
 
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
         a = self.args
+        if a["hard_negative"] not in ("candidates", "sampled"):
+            raise ValueError(f"pnn: hard_negative must be 'candidates' or 'sampled', got {a['hard_negative']!r}")
+        if not isinstance(a["hard_candidates"], int) or isinstance(a["hard_candidates"], bool) or a["hard_candidates"] < 1:
+            raise ValueError(f"pnn: hard_candidates must be an int >= 1, got {a['hard_candidates']!r}")
         self.loss_fn = PNNLoss(known, model.dim, alpha=a["alpha"], beta=a["beta"], neg_size=a["neg_size"],
                                history_len=a["history_len"], lambda_mode=a["lambda_mode"],
-                               fixed_lambda=a["fixed_lambda"], use_rank=a["use_rank"], noise_max=a["noise_max"],
+                               fixed_lambda=a["fixed_lambda"], use_rank=a["use_rank"], rank_weight=a["rank_weight"],
+                               noise_max=a["noise_max"],
                                uniform_t=a["uniform_t"], backend=a["backend"], validate=False)
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
         neg = None if self.args["in_batch"] else sample_unknown(self.known, users, int(self.args["candidates"]), generator)
-        loss = self.loss_fn(gather_rows(user_table, users), item_table, users, pos_items, neg)
+        hard = None
+        if self.args["hard_negative"] == "sampled":
+            hard = sample_unknown(self.known, users, int(self.args["hard_candidates"]), generator)
+        loss = self.loss_fn(gather_rows(user_table, users), item_table, users, pos_items, neg, hard_candidates=hard)
         return BatchLoss(loss, users, pos_items)

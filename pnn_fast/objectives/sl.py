@@ -33,13 +33,19 @@ import torch
 import torch.nn.functional as F
 
 from .. import backends
+from ..backends.rows import negative_class_size
 from ..sampling import sample_unknown
 from .base import BatchLoss, Objective, register
 
 
 def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
-                         neg_items: torch.Tensor, temperature: float, backend: str = "auto") -> torch.Tensor:
+                         neg_items: torch.Tensor, temperature: float, backend: str = "auto",
+                         neutral_weight: float = 1.0, num_negative=None) -> torch.Tensor:
     """The mean SL of the rows against their negatives, from cosine scores.
+
+    With ``neutral_weight`` below 1, PNN's classes inside the softmax: each row's ``num_negative``
+    lowest-scored negatives (the reliable negatives) keep weight 1 in the denominator, the others
+    (the neutral class) weigh ``neutral_weight``: ``sum_j w_j exp s(u, n_j)``.
 
     Args:
         user_rows: float [B, d], the batch's user embeddings (not normalised).
@@ -48,6 +54,8 @@ def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_
         neg_items: int [B, K], each row's sampled negatives.
         temperature: tau > 0, divides every cosine.
         backend: "auto", "reference", "cpu" or "cuda": whose ``gathered_dots`` scores the negatives.
+        neutral_weight: in (0, 1]; num_negative: int64 [B], the negative class sizes (needed when
+            neutral_weight < 1).
     Returns:
         0-dim tensor of ``user_rows``' dtype, differentiable w.r.t. both embeddings.
     """
@@ -57,6 +65,13 @@ def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_
     impl = backends.select(backend, user_rows.device)
     pos_logit = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1) / temperature  # [B]
     neg_logits = impl.gathered_dots(user_unit, item_unit, neg_items) / temperature  # [B, K]
+    if neutral_weight != 1.0:
+        # rank of each negative by score, lowest first (ties: by position); rank < k is the negative class
+        order = torch.argsort(neg_logits.detach(), dim=1, stable=True)
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device)
+                                                 .expand_as(order).contiguous())
+        neutral = rank >= num_negative[:, None]
+        neg_logits = neg_logits + neutral.to(neg_logits.dtype) * math.log(neutral_weight)
     # log of the denominator without forming [B, K + 1]: the positive joins the negatives' logsumexp
     log_denominator = torch.logaddexp(pos_logit, torch.logsumexp(neg_logits, dim=1))
     return (log_denominator - pos_logit).mean()
@@ -72,6 +87,8 @@ class SLObjective(Objective):
     DEFAULTS: ClassVar[dict] = {
         "num_negatives": 800,  # SL baseline runs, junkangwu/BSL README (MF: Yelp2018, Gowalla, ML-1M)
         "temperature": 0.1,    # temp, wujcan/SSM-TensorFlow conf/SSM.properties
+        "neutral_weight": 1.0,  # 1: plain SL; below 1: PNN's neutral class down-weighted (ours, not published)
+        "neg_size": "proportional",  # PNN's negative class size rule, when neutral_weight < 1
         "backend": "auto",
     }
 
@@ -86,6 +103,9 @@ class SLObjective(Objective):
             raise ValueError(f"sl: temperature must be a finite number > 0, got {temperature!r}")
         if a["backend"] not in backends.NAMES:
             raise ValueError(f"sl: backend must be one of {backends.NAMES}, got {a['backend']!r}")
+        weight = a["neutral_weight"]
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 < weight <= 1:
+            raise ValueError(f"sl: neutral_weight must lie in (0, 1], got {weight!r}")
 
     def sample_negatives(self, users: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
@@ -95,8 +115,14 @@ class SLObjective(Objective):
         user_table, item_table = model.embeddings()
         neg_items = self.sample_negatives(users, generator)
         # index_select, not indexing: its backward adds repeated rows in a fixed order (reproducible runs)
+        num_negative = None
+        if self.args["neutral_weight"] != 1:  # every sampled item is unlabeled: K of them per row
+            unlabeled = torch.full_like(users, neg_items.shape[1], dtype=torch.int64)
+            num_negative = negative_class_size(unlabeled, self.known.count(users), self.known.num_items,
+                                               self.args["neg_size"])
         loss = sampled_softmax_loss(user_table.index_select(0, users), item_table, pos_items, neg_items,
-                                    float(self.args["temperature"]), self.args["backend"])
+                                    float(self.args["temperature"]), self.args["backend"],
+                                    float(self.args["neutral_weight"]), num_negative)
         # L2 over the batch's users and positives only: the official regularisers' share of the K
         # negatives would touch B x K rows per batch (see docs/baselines/sl.md)
         return BatchLoss(loss, users, pos_items)
