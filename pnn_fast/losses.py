@@ -18,6 +18,7 @@ from ._checks import check_embedding, check_id_tensor, check_same, check_values,
 from .attention import UserAwareAttention
 from .backends.rows import NORM_EPS
 from .known import KnownPositives
+from .sampling import sample_unknown
 
 
 class PNNLoss(nn.Module):
@@ -35,6 +36,10 @@ class PNNLoss(nn.Module):
         lambda_mode: "attention" (learned per user) or "fixed" (``fixed_lambda`` everywhere).
         use_rank: keep L_rank (False gives the paper's "w/o rank" ablation).
         rank_weight: the weight of L_rank inside L_PNN (the paper's 1).
+        num_candidates: when set, a call without ``neg_items`` draws this many uniform unknown items
+            per row as the candidates (:func:`pnn_fast.sampling.sample_unknown`); None: in-batch.
+        num_hard_candidates: when set, a call without ``hard_candidates`` draws this many per row
+            for L_BPR's hard negative (DNS's choice); None: the hardest of the candidates.
         backend: "auto", "reference", "cpu" or "cuda" (same semantics everywhere).
         validate: check id ranges and finiteness on every call (one host sync); a trainer that
             makes its own ids may turn it off. Shapes, dtypes and devices are always checked.
@@ -43,7 +48,8 @@ class PNNLoss(nn.Module):
     ``users``, ``pos_items`` int [B]; ``neg_items`` int [B, K] or None (in-batch candidates);
     ``noise`` a pair of float [B, d] or None; ``hard_candidates`` int [B, M] or None: when given,
     L_BPR takes its hard negative as the hardest unlabeled of these (DNS's choice, e.g. M uniform
-    samples) while the classes still come from the candidates. Returns the scalar loss, or
+    samples) while the classes still come from the candidates; ``generator`` the random stream of
+    the draws that ``num_candidates`` / ``num_hard_candidates`` ask for. Returns the scalar loss, or
     ``(loss, components)`` with per-row ``bpr``, ``rank``, ``constrain``, ``lambda``,
     ``hard_negative``, ``num_negative``, ``num_neutral``, ``valid`` [B] and scalar ``uniform``.
     """
@@ -51,8 +57,9 @@ class PNNLoss(nn.Module):
     def __init__(self, known: KnownPositives, dim: int, *, alpha: float = 0.8, beta: float = 0.6,
                  noise_max: float = 0.1, neg_size: Union[str, int] = "proportional", history_len: int = 50,
                  uniform_t: float = 2.0, uniform_normalize: bool = True, lambda_mode: str = "attention",
-                 fixed_lambda: float = 0.5, use_rank: bool = True, rank_weight: float = 1.0, backend: str = "auto",
-                 validate: bool = True):
+                 fixed_lambda: float = 0.5, use_rank: bool = True, rank_weight: float = 1.0,
+                 num_candidates: Optional[int] = None, num_hard_candidates: Optional[int] = None,
+                 backend: str = "auto", validate: bool = True):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
@@ -70,6 +77,9 @@ class PNNLoss(nn.Module):
             raise ValueError(f"noise_max must be >= 0, got {noise_max!r}")
         if not rank_weight >= 0:
             raise ValueError(f"rank_weight must be >= 0, got {rank_weight!r}")
+        for name, count in (("num_candidates", num_candidates), ("num_hard_candidates", num_hard_candidates)):
+            if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+                raise ValueError(f"{name} must be None or an int >= 1, got {count!r}")
         self.known = known
         self.dim = dim
         self.alpha, self.beta = float(alpha), float(beta)
@@ -81,6 +91,7 @@ class PNNLoss(nn.Module):
         self.fixed_lambda = float(fixed_lambda)
         self.use_rank = use_rank
         self.rank_weight = float(rank_weight)
+        self.num_candidates, self.num_hard_candidates = num_candidates, num_hard_candidates
         self.backend = backends.check_name(backend)
         self.validate = validate
         self.attention = UserAwareAttention(dim, history_len) if lambda_mode == "attention" else None
@@ -88,10 +99,14 @@ class PNNLoss(nn.Module):
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                 pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None,
                 noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_components: bool = False,
-                hard_candidates: Optional[torch.Tensor] = None):
+                hard_candidates: Optional[torch.Tensor] = None, generator: Optional[torch.Generator] = None):
         validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise, self.validate,
                        hard_candidates=hard_candidates)
         known = self.known = self.known.to(user_emb.device)  # moved once, then cached
+        if neg_items is None and self.num_candidates is not None:
+            neg_items = sample_unknown(known, users, self.num_candidates, generator, self.backend)
+        if hard_candidates is None and self.num_hard_candidates is not None:
+            hard_candidates = sample_unknown(known, users, self.num_hard_candidates, generator, self.backend)
         impl = backends.select(self.backend, user_emb.device)
         candidates = pos_items if neg_items is None else neg_items
         if noise is None:

@@ -123,19 +123,23 @@ def diagnose(data, name: str, loss: str, args: dict, epochs: int, batches: int, 
 
 def plot(results: dict, out: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    def enrichment(h, cls):
+        """The false-negative rate of a class over the rate among all unlabeled candidates (1: blind)."""
+        p = h["placement"]
+        overall = p["false_negative"] / max(p["unlabeled"], 1)
+        return p[f"false_negative_{cls}"] / max(p[f"unlabeled_{cls}"], 1) / max(overall, 1e-12)
+
     for name, history in results.items():
-        epochs = [h["epoch"] for h in history]
-        for cls, style in (("negative", "-"), ("neutral", "--"), ("hard", ":")):
-            share = [h["placement"][f"false_negative_{cls}"] / max(h["placement"]["false_negative"], 1) for h in history]
-            if cls != "hard" and name == "dns":
-                continue
-            axes[0].plot(epochs, share, style, label=f"{name}: {cls}")
-    axes[0].set(title="held-out positives among candidates: share per class", xlabel="epoch", ylabel="share")
+        if name == "dns":
+            continue
+        for cls, style in (("negative", "-"), ("neutral", "--")):
+            axes[0].plot([h["epoch"] for h in history], [enrichment(h, cls) for h in history], style,
+                         label=f"{name}: {cls}")
+    axes[0].axhline(1.0, color="grey", lw=0.8)
+    axes[0].set(title="held-out positives per class: rate / blind rate", xlabel="epoch")
     axes[0].legend(fontsize=7)
     for name, history in results.items():
-        base = [h["placement"]["false_negative_hard"] / max(h["placement"]["unlabeled_hard"], 1)
-                / (h["placement"]["false_negative"] / max(h["placement"]["unlabeled"], 1)) for h in history]
-        axes[1].plot([h["epoch"] for h in history], base, label=name)
+        axes[1].plot([h["epoch"] for h in history], [enrichment(h, "hard") for h in history], label=name)
     axes[1].axhline(1.0, color="grey", lw=0.8)
     axes[1].set(title="hard negative is a held-out positive: rate / blind rate", xlabel="epoch")
     axes[1].legend(fontsize=7)
@@ -146,7 +150,7 @@ def plot(results: dict, out: Path) -> None:
                 axes[2].plot([h["epoch"] for h in history], [h["gradient_norms"][term] / t for h, t in zip(history, total)],
                              label=f"{name}: {term}")
     axes[2].set(title="share of the item-table gradient norm", xlabel="epoch")
-    axes[2].legend(fontsize=6)
+    axes[2].legend(fontsize=6, loc="center right")
     fig.tight_layout()
     fig.savefig(out / "placement_and_gradients.png", dpi=100)
     plt.close(fig)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from ..backends.rows import gather_rows
 from ..losses import PNNLoss
-from ..sampling import sample_unknown
 from .base import BatchLoss, Objective, register
 
 
@@ -31,14 +30,13 @@ class PNNObjective(Objective):
         self.loss_fn = PNNLoss(known, model.dim, alpha=a["alpha"], beta=a["beta"], neg_size=a["neg_size"],
                                history_len=a["history_len"], lambda_mode=a["lambda_mode"],
                                fixed_lambda=a["fixed_lambda"], use_rank=a["use_rank"], rank_weight=a["rank_weight"],
+                               num_candidates=None if a["in_batch"] else int(a["candidates"]),
+                               num_hard_candidates=int(a["hard_candidates"]) if a["hard_negative"] == "sampled" else None,
                                noise_max=a["noise_max"],
                                uniform_t=a["uniform_t"], backend=a["backend"], validate=False)
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
-        neg = None if self.args["in_batch"] else sample_unknown(self.known, users, int(self.args["candidates"]), generator)
-        hard = None
-        if self.args["hard_negative"] == "sampled":
-            hard = sample_unknown(self.known, users, int(self.args["hard_candidates"]), generator)
-        loss = self.loss_fn(gather_rows(user_table, users), item_table, users, pos_items, neg, hard_candidates=hard)
+        # the loss draws its sampled candidates (if any) from the trainer's stream
+        loss = self.loss_fn(gather_rows(user_table, users), item_table, users, pos_items, generator=generator)
         return BatchLoss(loss, users, pos_items)
