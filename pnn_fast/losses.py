@@ -21,6 +21,16 @@ from .known import KnownPositives
 from .sampling import sample_unknown
 
 
+#: Named configurations for :meth:`PNNLoss.from_preset`. ``paper``: the equations as the paper
+#: writes them (the defaults). ``dns-anchored``: L_BPR against DNS's hardest of 8 uniform items,
+#: the classes over 8 sampled candidates, no L_uniform and a fixed, small lambda: the best PNN of
+#: the screening in docs/why-pnn.md, where it ties DNS rather than beating it.
+PRESETS: dict = {
+    "paper": {},
+    "dns-anchored": {"num_candidates": 8, "beta": 0.0, "lambda_mode": "fixed", "fixed_lambda": 0.1},
+}
+
+
 class PNNLoss(nn.Module):
     """Positive-neutral-negative loss (RecSys'24), semantics in docs/semantics.md.
 
@@ -141,6 +151,17 @@ class PNNLoss(nn.Module):
         components = dict(terms, rank=rank, uniform=uniform)
         components["lambda"] = lam
         return loss, components
+
+    @classmethod
+    def from_preset(cls, name: str, known: KnownPositives, dim: int, **overrides) -> "PNNLoss":
+        """A PNNLoss configured by the named preset of :data:`PRESETS` (``overrides`` win, e.g. ``backend``).
+
+        With a preset that samples its candidates, call it without ``neg_items``
+        (``loss_fn(user_emb, item_table, users, pos_items)``): it draws them itself.
+        """
+        if name not in PRESETS:
+            raise ValueError(f"unknown PNN preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls(known, dim, **{**PRESETS[name], **overrides})
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, alpha={self.alpha}, beta={self.beta}, neg_size={self.neg_size!r}, "

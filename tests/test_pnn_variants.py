@@ -40,3 +40,31 @@ def test_bad_candidate_counts_name_the_argument(name, value):
     known = problem()[0]
     with pytest.raises(ValueError, match=name):
         PNNLoss(known, 6, **{name: value})
+
+
+def test_presets_are_constructor_arguments():
+    from pnn_fast.losses import PRESETS
+
+    known = problem()[0]
+    paper = PNNLoss.from_preset("paper", known, 6)
+    assert (paper.beta, paper.lambda_mode, paper.num_candidates) == (0.6, "attention", None)
+    anchored = PNNLoss.from_preset("dns-anchored", known, 6, backend="reference")
+    for key, value in PRESETS["dns-anchored"].items():
+        assert getattr(anchored, key) == value, key
+    assert anchored.backend == "reference"
+    with pytest.raises(ValueError, match="unknown PNN preset 'best'"):
+        PNNLoss.from_preset("best", known, 6)
+
+
+def test_the_pnn_objective_takes_a_preset_alone():
+    from pnn_fast.models import build_model
+    from pnn_fast.objectives import build_objective
+
+    known, users, pos = problem()[:3]
+    model = build_model("mf", 12, 40, users, pos, dim=6)
+    objective = build_objective("pnn", known, model, preset="dns-anchored")
+    assert objective.loss_fn.num_candidates == 8 and objective.loss_fn.fixed_lambda == 0.1
+    out = objective(model, users, pos, torch.Generator().manual_seed(0))
+    assert torch.isfinite(out.loss)
+    with pytest.raises(ValueError, match=r"sets every argument but backend; drop \['beta'\]"):
+        build_objective("pnn", known, model, preset="paper", beta=0.1)

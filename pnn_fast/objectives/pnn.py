@@ -13,16 +13,24 @@ class PNNObjective(Objective):
 
     ``hard_negative``: "candidates" (the paper: L_BPR's hard negative is the hardest of the class
     candidates) or "sampled" (DNS's: the hardest of ``hard_candidates`` fresh uniform samples, while
-    the classes stay over the candidates). ``rank_weight``: L_rank's weight inside L_PNN."""
+    the classes stay over the candidates). ``rank_weight``: L_rank's weight inside L_PNN.
+    ``preset``: a name of :data:`pnn_fast.losses.PRESETS`, which then sets every other argument
+    but ``backend``."""
 
     DEFAULTS = {"in_batch": True, "candidates": 8, "alpha": 0.8, "beta": 0.6, "neg_size": "proportional",
                 "history_len": 50, "lambda_mode": "attention", "fixed_lambda": 0.5, "use_rank": True,
                 "rank_weight": 1.0, "hard_negative": "candidates", "hard_candidates": 8,
-                "noise_max": 0.1, "uniform_t": 2.0, "backend": "auto"}
+                "noise_max": 0.1, "uniform_t": 2.0, "backend": "auto", "preset": None}
 
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
         a = self.args
+        if a["preset"] is not None:
+            others = sorted(set(args) - {"preset", "backend"})
+            if others:
+                raise ValueError(f"pnn: preset={a['preset']!r} sets every argument but backend; drop {others}")
+            self.loss_fn = PNNLoss.from_preset(a["preset"], known, model.dim, backend=a["backend"], validate=False)
+            return
         if a["hard_negative"] not in ("candidates", "sampled"):
             raise ValueError(f"pnn: hard_negative must be 'candidates' or 'sampled', got {a['hard_negative']!r}")
         if not isinstance(a["hard_candidates"], int) or isinstance(a["hard_candidates"], bool) or a["hard_candidates"] < 1:
