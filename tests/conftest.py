@@ -1,15 +1,9 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-
-sys.path.insert(0, str(Path(__file__).parent))  # the slow reference helpers beside the tests
 
 DATA_DIR = Path(os.environ.get("PNN_FAST_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
-
-DEVICES = [torch.device("cpu")] + ([torch.device("cuda:0")] if torch.cuda.is_available() else [])
 
 
 def data_path(name: str) -> Path:

@@ -1,79 +1,37 @@
-"""The fused backend (pnn_fast.fused on the C++/CUDA kernels) against the reference backend.
-
-Two kinds of inputs keep the comparison about arithmetic, not about the luck of rounding at a
-class boundary (the argmax and the bottom-k selection are discontinuous in the scores):
-
-* grid inputs, multiples of 1/16 in [-4, 4] (float32 and the tie tests): every score and
-  distance is exact whatever the summation order, so equal scores are equal in both backends,
-  and repeated items (ties broken by the smallest candidate index) can be tested;
-* continuous float64 inputs with distinct candidates in each row.  Repeated items are left out
-  there because the reference's matmul does not give two equal columns bit-identical scores
-  (MKL edge kernels), so its tie-break between them is decided by rounding noise.
-"""
+"""pnn_fast.backends: select(), which implementation runs; the fused backend's per-row functions
+(pnn_row_terms, hard_negative_bpr) against the reference backend's on the inputs of
+tests/batches.py (exact grids and continuous float64; float32, float64 and half precision;
+shared and per-row candidates; CPU and CUDA); and the reference's own tie rule."""
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-from pnn_fast import _extension
+from batches import DEVICES, TOLERANCE, make_batch, requires_kernels
+from pnn_fast import _extension, backends
 from pnn_fast.backends import reference
-from pnn_fast.known import KnownPositives
-
-pytestmark = pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_fast._C is not built")
 
 if _extension.has_kernels("cpu"):
     from pnn_fast.backends import fused
 
-CUDA = torch.cuda.is_available() and _extension.has_kernels("cuda")
+CUDA = "cuda" in DEVICES
 NEG_SIZES = ("proportional", "count", 3)
-TOLERANCE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.float64: {"rtol": 1e-10, "atol": 1e-10}}
 
 
-def make_batch(rows: int, dim: int, *, per_row: int | None = None, dtype=torch.float64,
-               grid: bool | None = None, num_users: int = 100, num_items: int = 400, known_per_user: int = 8,
-               seed: int = 0, device="cpu") -> dict:
-    """Random inputs of pnn_row_terms (see the module docstring).
+def test_select_names_the_implementation_for_the_device():
+    assert backends.select("reference", torch.device("cpu")) is reference
+    assert backends.select("auto", torch.device("cpu")) is (fused if _extension.has_kernels("cpu") else reference)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        backends.select("gpu", torch.device("cpu"))
+    with pytest.raises(ValueError, match="backend='cuda' but the inputs are on cpu"):
+        backends.select("cuda", torch.device("cpu"))
 
-    ``per_row=None`` gives shared (in-batch) candidates ``pos_items``, else ``[rows, per_row]``
-    sampled ones.  ``grid`` defaults to True below float64; without it the candidates of a row
-    are distinct.  Few items make repeated items and rows with zero or one unlabeled candidate
-    common.
-    """
-    grid = dtype != torch.float64 if grid is None else grid
-    gen = torch.Generator().manual_seed(seed)
-    pair_users = torch.randint(0, num_users, (num_users * known_per_user,), generator=gen)
-    pair_items = torch.randint(0, num_items, (num_users * known_per_user,), generator=gen)
-    known = KnownPositives.from_pairs(pair_users, pair_items, num_users, num_items)
-    order = torch.randperm(pair_users.numel(), generator=gen)
-    if not grid and per_row is None:  # one interaction per positive item: distinct shared candidates
-        first = torch.ones_like(order, dtype=torch.bool)
-        first[1:] = pair_items[order][1:] != pair_items[order][:-1]
-        order = order[torch.sort(pair_items[order], stable=True).indices][first]
-        order = order[torch.randperm(order.numel(), generator=gen)]
-        assert order.numel() >= rows, "not enough distinct items for distinct candidates"
-    pick = order[:rows] if order.numel() >= rows else torch.randint(0, order.numel(), (rows,), generator=gen)
 
-    def embedding(*shape):
-        x = torch.randn(*shape, generator=gen, dtype=torch.float64)
-        if grid:
-            x = (x * 16).round().clamp(-64, 64) / 16
-        return x.to(dtype)
-
-    batch = {
-        "user_emb": embedding(rows, dim), "item_table": embedding(num_items, dim),
-        "users": pair_users[pick], "pos_items": pair_items[pick],
-        "noise_pos": torch.rand(rows, dim, generator=gen, dtype=torch.float64).to(dtype) * 0.1,
-        "noise_neg": torch.rand(rows, dim, generator=gen, dtype=torch.float64).to(dtype) * 0.1,
-    }
-    if per_row is None:
-        batch["candidates"] = batch["pos_items"]
-    elif grid:
-        batch["candidates"] = torch.randint(0, num_items, (rows, per_row), generator=gen)
-    else:
-        batch["candidates"] = torch.rand(rows, num_items, generator=gen).argsort(dim=1)[:, :per_row]
-    batch = {name: x.to(device) for name, x in batch.items()}
-    batch["known"] = known.to(device)
-    return batch
+@requires_kernels
+def test_select_gives_the_fused_kernels_for_their_device_type():
+    assert backends.select("cpu", torch.device("cpu")) is fused
+    assert backends.select("auto", "cuda:0") is (fused if _extension.has_kernels("cuda") else reference)
 
 
 def row_terms(module, batch: dict, neg_size, grad_weights: torch.Tensor):
@@ -119,6 +77,7 @@ def check_row_terms(batch: dict, neg_size, tol: dict, rows=None):
     return got
 
 
+@requires_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("neg_size", NEG_SIZES)
 @pytest.mark.parametrize("rows,dim,per_row", [(1, 8, None), (1, 3, 5), (7, 67, None), (64, 67, None),
@@ -128,6 +87,7 @@ def test_row_terms_match_reference(rows, dim, per_row, neg_size, dtype):
     check_row_terms(batch, neg_size, TOLERANCE[dtype])
 
 
+@requires_kernels
 @pytest.mark.parametrize("per_row", [None, 4])
 def test_rows_with_zero_or_one_unlabeled_candidate(per_row):
     # 6 items and users who know about half of them: |U_b| of 0 or 1 is common (with shared
@@ -144,6 +104,7 @@ def test_rows_with_zero_or_one_unlabeled_candidate(per_row):
     assert bool((sizes == 0).any()) and bool((sizes == 1).any())
 
 
+@requires_kernels
 def test_light_and_heavy_users_of_a_shared_list():
     """A shared list's labeled candidates are found by binary searches for a light user and by a
     merge for a heavy one (N_u log2 C >= C + N_u); both, with repeated candidate items and rows
@@ -162,6 +123,7 @@ def test_light_and_heavy_users_of_a_shared_list():
     assert torch.equal(got["num_negative"] + got["num_neutral"], members.sum(dim=1))
 
 
+@requires_kernels
 def test_repeated_items_tie_break_by_candidate_index():
     # 3 items for 50 rows: every candidate item repeats, so ties are everywhere (grid inputs: exact)
     for dtype in (torch.float32, torch.float64):
@@ -170,6 +132,7 @@ def test_repeated_items_tie_break_by_candidate_index():
             check_row_terms(batch, neg_size, TOLERANCE[dtype])
 
 
+@requires_kernels
 @pytest.mark.parametrize("per_row", [None, 16])
 def test_large_batch(per_row):
     # B = 8192; with shared candidates the reference ([B, B] matrices) runs on 64 of the rows
@@ -179,6 +142,7 @@ def test_large_batch(per_row):
     check_row_terms(batch, "proportional", TOLERANCE[torch.float32], rows=rows)
 
 
+@requires_kernels
 @pytest.mark.parametrize("per_row", [None, 6])
 @pytest.mark.parametrize("grid", [False, True])
 def test_hard_negative_bpr_matches_reference(per_row, grid):
@@ -196,47 +160,7 @@ def test_hard_negative_bpr_matches_reference(per_row, grid):
         torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
 
 
-def uniformity_from_differences(x: torch.Tensor, t: float) -> torch.Tensor:
-    """The uniformity from ||x_i - x_j||^2 summed over differences ([n, n, d] memory: tests only).
-
-    The reference expands |x_i|^2 + |x_j|^2 - 2 x_i.x_j, which loses ~|x|^2 eps absolute per
-    distance; at large scales this form is the accurate one to compare with.
-    """
-    n = x.shape[0]
-    dist2 = (x[:, None, :] - x[None, :, :]).pow(2).sum(dim=-1)
-    logits = (-t * dist2).masked_fill(torch.eye(n, dtype=torch.bool), float("-inf"))
-    return torch.logsumexp(logits.reshape(-1), dim=0) - torch.log(torch.tensor(float(n * (n - 1)), dtype=x.dtype))
-
-
-@pytest.mark.parametrize("n,dim", [(1, 3), (2, 1), (3, 5), (50, 67), (257, 8)])
-@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
-def test_pairwise_uniformity_matches_reference(n, dim, scale):
-    x = (torch.randn(n, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(n)) * scale)
-    grad_out = torch.tensor(0.7, dtype=torch.float64)
-    want_fn = reference.pairwise_uniformity if scale <= 1 or n < 2 else uniformity_from_differences
-    results = []
-    for fn in (fused.pairwise_uniformity, want_fn):
-        xr = x.clone().requires_grad_()
-        value = fn(xr, 2.0)
-        grad = torch.autograd.grad(value, xr, grad_out, allow_unused=True)[0]
-        results.append((value, torch.zeros_like(x) if grad is None else grad))
-    (got, got_grad), (want, want_grad) = results
-    torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
-    # the weights exp(l_ij - L) carry the absolute rounding of logits of size t |x|^2 (1e8 at
-    # scale 1e3: 1e-8 in float64), whatever the formula
-    grad_rtol = 1e-9 if scale <= 1 else 1e-6
-    torch.testing.assert_close(got_grad, want_grad, rtol=grad_rtol, atol=1e-12)
-
-
-def test_pairwise_uniformity_float32_at_large_scale():
-    # distances from differences, exponentials behind a max: float32 stays accurate and finite
-    x = torch.randn(300, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 100
-    want = reference.pairwise_uniformity(x, 2.0)
-    got = fused.pairwise_uniformity(x.float(), 2.0)
-    assert torch.isfinite(got)
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)
-
-
+@requires_kernels
 def test_int32_ids_and_non_contiguous_inputs():
     batch = make_batch(40, 12, per_row=7, seed=13)
     want, want_grads = row_terms(reference, batch, "count", torch.ones(40, 3, dtype=torch.float64))
@@ -252,18 +176,7 @@ def test_int32_ids_and_non_contiguous_inputs():
     assert_terms_equal(got, want, got_grads, want_grads, **TOLERANCE[torch.float64])
 
 
-def test_mixed_devices_and_dtypes_are_clear_errors():
-    batch = make_batch(8, 4, seed=17)
-    args = lambda **over: [over.get(n, batch[n]) for n in ("user_emb", "item_table", "users", "pos_items",
-                                                              "candidates", "known")]
-    with pytest.raises(TypeError, match="item_table has dtype torch.float32 but user_emb has torch.float64"):
-        fused.hard_negative_bpr(*args(item_table=batch["item_table"].float()))
-    with pytest.raises(ValueError, match="candidates is on meta but user_emb is on cpu"):
-        fused.hard_negative_bpr(*args(candidates=batch["candidates"].to("meta")))
-    with pytest.raises(RuntimeError, match="no kernels for device type 'meta'"):
-        fused.pairwise_uniformity(torch.zeros(3, 2, device="meta"), 2.0)
-
-
+@requires_kernels
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_accumulates_in_float32(dtype):
     # grid inputs are exact in both formats, so classes match; outputs are rounded to `dtype`
@@ -283,79 +196,18 @@ def test_half_precision_accumulates_in_float32(dtype):
                                rtol=0.02, atol=0.02)
 
 
+@requires_kernels
 def test_no_batch_by_batch_buffer():
     """At B = 2048 (shared candidates) no single allocation of the fused path reaches a B x B
     bool matrix: torch.profiler records every CPU allocation of ATen and of the kernels."""
     rows = 2048
     batch = make_batch(rows, 64, dtype=torch.float32, num_users=1000, num_items=4000, known_per_user=20, seed=23)
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         row_terms(fused, batch, "proportional", torch.ones(rows, 3))
         x = batch["item_table"][:rows].clone().requires_grad_()
         fused.pairwise_uniformity(x, 2.0).backward()
     largest = max(event.cpu_memory_usage for event in prof.events())
     assert 0 < largest < rows * rows, f"an op allocated {largest} bytes"
-
-
-def test_fused_pnn_step_is_bitwise_reproducible_on_two_threads():
-    """The same seed gives bit-identical loss and gradients on a multi-threaded CPU: the kernels'
-    reductions have a fixed order, and the loss's own gathers use index_select (whose backward adds
-    repeated rows in order) rather than advanced indexing (whose CPU backward may add them in any order)."""
-    from pnn_fast import PNNLoss
-
-    batch = make_batch(2048, 64, dtype=torch.float32, num_users=500, num_items=3000, seed=31)
-    loss_fn = PNNLoss(batch["known"], 64, backend="cpu")
-    threads = torch.get_num_threads()
-    results = []
-    try:
-        torch.set_num_threads(2)
-        for _ in range(3):
-            torch.manual_seed(0)  # the attention's history sample and the clamp noise
-            user_emb = batch["user_emb"].clone().requires_grad_()
-            item_table = batch["item_table"].clone().requires_grad_()
-            loss = loss_fn(user_emb, item_table, batch["users"], batch["pos_items"])
-            loss.backward()
-            results.append((loss.detach(), user_emb.grad, item_table.grad))
-    finally:
-        torch.set_num_threads(threads)
-    for other in results[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
-
-
-@pytest.mark.parametrize("device,mode", [("cpu", None)] + [
-    pytest.param("cuda", mode, marks=[pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs CUDA kernels")])
-    for mode in (None, "reduce-overhead")])
-def test_compiled_training_matches_eager(device, mode):
-    """torch.compile(fullgraph=True) of a small MF model trained with PNNLoss on the fused
-    kernels: no graph break (fullgraph raises on one) and the same losses as eager.  CUDA graphs
-    (reduce-overhead) would expose a kernel launched off the current stream."""
-    from pnn_fast.losses import PNNLoss
-
-    batch = make_batch(32, 16, seed=29, device=device)
-    known = batch["known"]
-
-    def train(compiled: bool):
-        torch.manual_seed(0)
-        users = torch.nn.Embedding(known.num_users, 16, device=device)
-        items = torch.nn.Embedding(known.num_items, 16, device=device)
-        loss_fn = PNNLoss(known, 16, lambda_mode="fixed", backend=device, validate=False)
-        opt = torch.optim.SGD([users.weight, items.weight], lr=0.1)
-
-        def step(u, p, noise):
-            return loss_fn(users(u), items.weight, u, p, noise=noise)
-
-        step = torch.compile(step, fullgraph=True, mode=mode) if compiled else step
-        losses = []
-        for _ in range(3):
-            loss = step(batch["users"], batch["pos_items"], (batch["noise_pos"].float(), batch["noise_neg"].float()))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach().clone())
-        return torch.stack(losses)
-
-    torch.testing.assert_close(train(True), train(False), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.cuda
@@ -380,13 +232,16 @@ def test_cuda_large_batch_takes_the_slow_path_correctly(rows):
         check_row_terms(batch, neg_size, TOLERANCE[torch.float32], rows=subset)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA device and the CUDA kernels")
-def test_cuda_uniformity_and_cpu_parity():
-    x = torch.randn(3000, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    results = []
-    for device in ("cpu", "cuda"):
-        xd = x.to(device).requires_grad_()
-        value = fused.pairwise_uniformity(xd, 2.0)
-        results.append((value.cpu(), torch.autograd.grad(value, xd)[0].cpu()))
-    torch.testing.assert_close(results[0], results[1], rtol=1e-10, atol=1e-12)
+@pytest.mark.parametrize("per_row", [False, True])
+def test_repeated_candidates_tie_exactly_and_smallest_index_wins(per_row):
+    """A repeated item must get bit-identical scores wherever it stands, so ties follow the rule."""
+    g = torch.Generator().manual_seed(7)
+    user_emb, item_table = torch.randn(64, 67, generator=g, dtype=torch.float64), torch.randn(40, 67, generator=g, dtype=torch.float64)
+    candidates = torch.randint(0, 40, (64, 50) if per_row else (200,), generator=g)
+    scores = reference.row_scores(user_emb, item_table, candidates)
+    cands = candidates.expand(64, -1)
+    same_item = cands[:, :, None] == cands[:, None, :]
+    assert torch.equal(scores[:, :, None].expand_as(same_item)[same_item], scores[:, None, :].expand_as(same_item)[same_item])
+    hard = reference.hard_negative(scores, torch.ones_like(scores, dtype=torch.bool))
+    first = (cands == cands.gather(1, hard[:, None])).long().argmax(dim=1)
+    assert torch.equal(hard, first)  # the first occurrence of the winning item

@@ -1,12 +1,19 @@
-"""PNNLoss (reference backend) against the slow per-row implementation, edge rows, gradcheck."""
+"""pnn_fast.losses: PNNLoss against the slow per-row loop of tests/slow_pnn.py (terms, loss and
+gradients, edge rows, gradcheck, hard_candidates, rank_weight), its argument checks, and on the
+fused kernels its bit-reproducibility and torch.compile; BPRLoss, embedding_bpr and DNSLoss
+against their formulas and each other."""
 import pytest
 import torch
+import torch.nn.functional as F
 
-import pnn_fast
-from pnn_fast import KnownPositives, PNNLoss
-from pnn_fast.sampling import sample_history
+from batches import DEVICES, bpr_inputs, make_batch, requires_kernels, under_thread_counts
+from pnn_fast import BPRLoss, DNSLoss, KnownPositives, PNNLoss, embedding_bpr
 from slow_pnn import known_sets, slow_lambda, slow_loss, slow_rows, slow_uniform
 
+CUDA = "cuda" in DEVICES
+
+
+# ---- PNNLoss against the slow per-row loop --------------------------------------------------
 NEG_SIZES = ["proportional", "count", 3, 0]
 
 
@@ -158,16 +165,6 @@ def test_attention_parameters_get_gradients_and_stay_positive():
     assert (loss_fn.attention.w1 > 0).all() and (loss_fn.attention.w2 > 0).all()
 
 
-def test_history_subset_is_random_subset_of_known():
-    known = KnownPositives.from_pairs(torch.zeros(40, dtype=torch.long), torch.arange(40), 2, 50)
-    users = torch.tensor([0, 1])
-    items, mask = sample_history(known, users, 10)
-    assert mask[0].all() and not mask[1].any()
-    assert len(set(items[0].tolist())) == 10 and set(items[0].tolist()) <= set(range(40))
-    items2, _ = sample_history(known, users, 10)
-    assert items[0].tolist() != items2[0].tolist()  # fresh sample each call (fails with prob ~1e-14)
-
-
 def test_noise_is_drawn_in_range_when_not_given():
     p = make_problem(seed=2, k=4)
     loss_fn = PNNLoss(p["known"], p["dim"], noise_max=0.0, lambda_mode="fixed", backend="reference").double()
@@ -180,51 +177,7 @@ def test_noise_is_drawn_in_range_when_not_given():
     assert torch.all(comp["constrain"] <= 4 * 0.1 ** 2 * p["dim"])
 
 
-@pytest.mark.parametrize("per_row", [False, True])
-def test_repeated_candidates_tie_exactly_and_smallest_index_wins(per_row):
-    """A repeated item must get bit-identical scores wherever it stands, so ties follow the rule."""
-    g = torch.Generator().manual_seed(7)
-    user_emb, item_table = torch.randn(64, 67, generator=g, dtype=torch.float64), torch.randn(40, 67, generator=g, dtype=torch.float64)
-    candidates = torch.randint(0, 40, (64, 50) if per_row else (200,), generator=g)
-    scores = pnn_fast.backends.reference.row_scores(user_emb, item_table, candidates)
-    cands = candidates.expand(64, -1)
-    same_item = cands[:, :, None] == cands[:, None, :]
-    assert torch.equal(scores[:, :, None].expand_as(same_item)[same_item], scores[:, None, :].expand_as(same_item)[same_item])
-    hard = pnn_fast.backends.reference.hard_negative(scores, torch.ones_like(scores, dtype=torch.bool))
-    first = (cands == cands.gather(1, hard[:, None])).long().argmax(dim=1)
-    assert torch.equal(hard, first)  # the first occurrence of the winning item
-
-
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_attention_matches_the_papers_formula(backend):
-    """lambda_u = sigmoid(w1 . sum_h a_h e_h), a = softmax_h(e_u . tanh(W2 e_h + b)), by loops over a
-    history shorter than history_len (so it is every known item), and 0.5 for a user without one."""
-    if backend == "cpu" and not pnn_fast._extension.has_kernels("cpu"):
-        pytest.skip("pnn_fast._C is not built")
-    g = torch.Generator().manual_seed(11)
-    known_items = {0: [1, 4, 7], 1: [0], 2: [], 3: [2, 3, 4, 5, 6, 8]}
-    users = torch.tensor([u for u, its in known_items.items() for _ in its])
-    known = KnownPositives.from_pairs(users, torch.tensor([i for its in known_items.values() for i in its]), 4, 9)
-    att = pnn_fast.UserAwareAttention(5, history_len=8).double()
-    with torch.no_grad():
-        att.bias.copy_(torch.randn(5, generator=g, dtype=torch.float64))
-    item_table = torch.randn(9, 5, generator=g, dtype=torch.float64)
-    batch_users = torch.tensor([3, 0, 2, 1, 3])
-    user_emb = torch.randn(5, 5, generator=g, dtype=torch.float64)
-    got = att(user_emb, item_table, batch_users, known, backend)
-    w1, w2 = att.w1.detach(), att.w2.detach()
-    for b, u in enumerate(batch_users.tolist()):
-        hist = item_table[known_items[u]]
-        if not known_items[u]:
-            want = torch.tensor(0.5, dtype=torch.float64)
-        else:
-            a = torch.softmax(torch.stack([user_emb[b] @ torch.tanh(w2 @ e + att.bias.detach()) for e in hist]), 0)
-            want = torch.sigmoid(w1 @ (a[:, None] * hist).sum(0))
-        torch.testing.assert_close(got[b].detach(), want, rtol=1e-12, atol=1e-14)
-
-
-@pytest.mark.parametrize("backend", ["reference", pytest.param("cpu", marks=pytest.mark.skipif(
-    not pnn_fast.build_info()["compiled"], reason="pnn_fast._C is not built"))])
+@pytest.mark.parametrize("backend", ["reference", pytest.param("cpu", marks=requires_kernels)])
 def test_hard_candidates_replace_only_the_bpr_hard_negative(backend):
     """hard_candidates: L_BPR against DNS's hardest of M given items; the classes, L_rank and
     L_constrain are still those of the candidates."""
@@ -234,7 +187,7 @@ def test_hard_candidates_replace_only_the_bpr_hard_negative(backend):
     args = (p["user_emb"], p["item_table"], p["users"], p["pos"], p["neg"])
     _, plain = loss_fn(*args, noise=p["noise"], return_components=True)
     _, mixed = loss_fn(*args, noise=p["noise"], return_components=True, hard_candidates=hard_set)
-    dns = pnn_fast.DNSLoss(p["known"], backend=backend)
+    dns = DNSLoss(p["known"], backend=backend)
     bpr_rows = [dns(p["user_emb"][b:b + 1], p["item_table"], p["users"][b:b + 1], p["pos"][b:b + 1],
                     hard_set[b:b + 1]) for b in range(p["users"].numel())]
     torch.testing.assert_close(mixed["bpr"], torch.stack(bpr_rows))
@@ -259,3 +212,178 @@ def test_rank_weight_scales_the_rank_term():
     torch.testing.assert_close(loss2 - loss1, 0.4 * 1.5 * comp1["rank"][valid].sum() / valid.sum())
     with pytest.raises(ValueError, match="rank_weight"):
         PNNLoss(p["known"], p["dim"], rank_weight=-1.0)
+
+
+# ---- PNNLoss: argument checks ---------------------------------------------------------------
+@pytest.fixture
+def small_pnn():
+    """A PNNLoss on the reference backend and valid arguments for it (3 users, 6 items, d = 4)."""
+    known = KnownPositives.from_pairs(torch.tensor([0, 0, 1, 2]), torch.tensor([1, 3, 2, 0]), 3, 6)
+    loss_fn = PNNLoss(known, 4, backend="reference")
+    args = dict(user_emb=torch.randn(3, 4), item_table=torch.randn(6, 4), users=torch.tensor([0, 1, 2]),
+                pos_items=torch.tensor([1, 2, 0]))
+    return loss_fn, args
+
+
+def call_loss(loss_fn, args, **overrides):
+    kwargs = dict(args, **overrides)
+    return loss_fn(kwargs.pop("user_emb"), kwargs.pop("item_table"), kwargs.pop("users"), kwargs.pop("pos_items"), **kwargs)
+
+
+@pytest.mark.parametrize("override, error, name", [
+    (dict(user_emb=torch.randn(3, 5)), ValueError, "user_emb"),
+    (dict(user_emb=torch.randn(3, 4, 1)), ValueError, "user_emb"),
+    (dict(user_emb=torch.randn(0, 4), users=torch.zeros(0, dtype=torch.long), pos_items=torch.zeros(0, dtype=torch.long)), ValueError, "empty"),
+    (dict(item_table=torch.randn(7, 4)), ValueError, "item_table"),
+    (dict(item_table=torch.randn(6, 3)), ValueError, "item_table"),
+    (dict(item_table=torch.randn(6, 4, dtype=torch.float64)), TypeError, "item_table"),
+    (dict(users=torch.tensor([0, 1])), ValueError, "users"),
+    (dict(users=torch.tensor([0.0, 1.0, 2.0])), TypeError, "users"),
+    (dict(users=torch.tensor([0, 1, 3])), ValueError, "users"),
+    (dict(users=torch.tensor([0, -1, 2])), ValueError, "users"),
+    (dict(pos_items=torch.tensor([1, 2, 6])), ValueError, "pos_items"),
+    (dict(pos_items=[1, 2, 0]), TypeError, "pos_items"),
+    (dict(neg_items=torch.tensor([[1, 2], [3, 9], [0, 0]])), ValueError, "neg_items"),
+    (dict(neg_items=torch.tensor([1, 2, 3])), ValueError, "neg_items"),
+    (dict(neg_items=torch.zeros(3, 0, dtype=torch.long)), ValueError, "neg_items"),
+    (dict(user_emb=torch.tensor([[float("nan")] * 4] * 3)), ValueError, "user_emb"),
+    (dict(item_table=torch.full((6, 4), float("inf"))), ValueError, "item_table"),
+    (dict(user_emb=torch.randint(0, 3, (3, 4))), TypeError, "user_emb"),
+    (dict(noise=(torch.rand(3, 4),)), TypeError, "noise"),
+    (dict(noise=(torch.rand(3, 4), torch.rand(2, 4))), ValueError, "noise_neg"),
+])
+def test_bad_input_names_the_argument(small_pnn, override, error, name):
+    loss_fn, args = small_pnn
+    with pytest.raises(error, match=name):
+        call_loss(loss_fn, args, **override)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(neg_size="all"), "neg_size"), (dict(neg_size=-1), "neg_size"), (dict(lambda_mode="x"), "lambda_mode"),
+    (dict(fixed_lambda=1.5), "fixed_lambda"), (dict(history_len=0), "history_len"), (dict(backend="gpu"), "backend"),
+    (dict(noise_max=-0.1), "noise_max"),
+])
+def test_bad_constructor_argument(kwargs, name):
+    known = KnownPositives.from_pairs(torch.tensor([0]), torch.tensor([0]), 1, 2)
+    with pytest.raises(ValueError, match=name):
+        PNNLoss(known, 4, **kwargs)
+    with pytest.raises(ValueError, match="dim"):
+        PNNLoss(known, 0)
+    with pytest.raises(TypeError, match="known"):
+        PNNLoss("not known", 4)
+
+
+def test_backend_for_wrong_device_is_refused(small_pnn):
+    _, args = small_pnn
+    loss_fn = PNNLoss(KnownPositives.from_pairs(torch.tensor([0]), torch.tensor([0]), 3, 6), 4, backend="cuda")
+    with pytest.raises((ValueError, RuntimeError), match="cuda"):
+        call_loss(loss_fn, args)
+
+
+def test_int32_ids_give_the_same_loss(small_pnn):
+    loss_fn, args = small_pnn
+    noise = (torch.rand(3, 4), torch.rand(3, 4))
+    loss_fn.lambda_mode, loss_fn.attention = "fixed", None
+    a = call_loss(loss_fn, args, noise=noise)
+    b = call_loss(loss_fn, args, users=args["users"].int(), pos_items=args["pos_items"].int(), noise=noise)
+    assert a == b
+
+
+# ---- PNNLoss on the fused kernels: reproducibility and torch.compile -------------------------
+@requires_kernels
+def test_fused_pnn_step_is_bitwise_reproducible_on_two_threads():
+    """The same seed gives bit-identical loss and gradients on a multi-threaded CPU: the kernels'
+    reductions have a fixed order, and the loss's own gathers use index_select (whose backward adds
+    repeated rows in order) rather than advanced indexing (whose CPU backward may add them in any order)."""
+    batch = make_batch(2048, 64, dtype=torch.float32, num_users=500, num_items=3000, seed=31)
+    loss_fn = PNNLoss(batch["known"], 64, backend="cpu")
+
+    def step():
+        torch.manual_seed(0)  # the attention's history sample and the clamp noise
+        user_emb = batch["user_emb"].clone().requires_grad_()
+        item_table = batch["item_table"].clone().requires_grad_()
+        loss = loss_fn(user_emb, item_table, batch["users"], batch["pos_items"])
+        loss.backward()
+        return loss.detach(), user_emb.grad, item_table.grad
+
+    results = under_thread_counts((2, 2, 2), step)
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+@requires_kernels
+@pytest.mark.parametrize("device,mode", [("cpu", None)] + [
+    pytest.param("cuda", mode, marks=[pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs CUDA kernels")])
+    for mode in (None, "reduce-overhead")])
+def test_compiled_training_matches_eager(device, mode):
+    """torch.compile(fullgraph=True) of a small MF model trained with PNNLoss on the fused
+    kernels: no graph break (fullgraph raises on one) and the same losses as eager.  CUDA graphs
+    (reduce-overhead) would expose a kernel launched off the current stream."""
+    batch = make_batch(32, 16, seed=29, device=device)
+    known = batch["known"]
+
+    def train(compiled: bool):
+        torch.manual_seed(0)
+        users = torch.nn.Embedding(known.num_users, 16, device=device)
+        items = torch.nn.Embedding(known.num_items, 16, device=device)
+        loss_fn = PNNLoss(known, 16, lambda_mode="fixed", backend=device, validate=False)
+        opt = torch.optim.SGD([users.weight, items.weight], lr=0.1)
+
+        def step(u, p, noise):
+            return loss_fn(users(u), items.weight, u, p, noise=noise)
+
+        step = torch.compile(step, fullgraph=True, mode=mode) if compiled else step
+        losses = []
+        for _ in range(3):
+            loss = step(batch["users"], batch["pos_items"], (batch["noise_pos"].float(), batch["noise_neg"].float()))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+        return torch.stack(losses)
+
+    torch.testing.assert_close(train(True), train(False), rtol=1e-5, atol=1e-6)
+
+
+# ---- BPRLoss, embedding_bpr and DNSLoss ------------------------------------------------------
+def test_bpr_loss_matches_formula():
+    torch.manual_seed(0)
+    ue, it = torch.randn(4, 3), torch.randn(7, 3)
+    pos, neg = torch.tensor([0, 1, 2, 3]), torch.tensor([[4, 5], [6, 4], [5, 5], [0, 1]])
+    expected = torch.stack([F.softplus(ue[b] @ it[neg[b, k]] - ue[b] @ it[pos[b]]) for b in range(4) for k in range(2)]).mean()
+    torch.testing.assert_close(BPRLoss()(ue, it, pos, neg), expected)
+    torch.testing.assert_close(BPRLoss()(ue, it, pos, neg[:, 0]), torch.stack(
+        [F.softplus(ue[b] @ it[neg[b, 0]] - ue[b] @ it[pos[b]]) for b in range(4)]).mean())
+    with pytest.raises(ValueError, match="neg_items"):
+        BPRLoss()(ue, it, pos, torch.tensor([[9, 1]] * 4))
+    with pytest.raises(ValueError, match="item_table"):
+        BPRLoss()(ue, torch.randn(7, 2), pos, neg)
+
+
+@pytest.mark.parametrize("k", [None, 3])
+def test_dns_loss_matches_pnn_bpr_rows(k):
+    g = torch.Generator().manual_seed(4)
+    ku, ki = torch.randint(0, 5, (15,), generator=g), torch.randint(0, 12, (15,), generator=g)
+    known = KnownPositives.from_pairs(ku, ki, 5, 12)
+    users, pos = torch.randint(0, 5, (10,), generator=g), torch.randint(0, 12, (10,), generator=g)
+    neg = None if k is None else torch.randint(0, 12, (10, k), generator=g)
+    ue, it = torch.randn(10, 4, generator=g, dtype=torch.float64), torch.randn(12, 4, generator=g, dtype=torch.float64)
+    noise = torch.zeros(10, 4, dtype=torch.float64)
+    rows = slow_rows(ue, it, users, pos, pos if neg is None else neg, known_sets(ku, ki), 12, 1, noise, noise)
+    valid_bpr = [b for b, ok in zip(rows["bpr"], rows["valid"]) if ok]
+    torch.testing.assert_close(DNSLoss(known, backend="reference")(ue, it, users, pos, neg), torch.stack(valid_bpr).mean())
+
+
+@requires_kernels
+def test_bpr_loss_and_embedding_bpr_agree_on_every_backend():
+    user_table, item_table, users, pos, neg = bpr_inputs(dtype=torch.float32, rows=50)
+    rows = user_table[users]
+    values = [BPRLoss(backend=b)(rows, item_table, pos.int(), neg.int()) for b in ("reference", "cpu")]
+    values += [embedding_bpr(user_table, item_table, users, pos, neg, backend=b) for b in ("reference", "cpu")]
+    for value in values[1:]:
+        torch.testing.assert_close(value, values[0], rtol=1e-6, atol=0)
+    # non-contiguous tables and a [B] negative column
+    wide = torch.stack([item_table, -item_table], dim=2)[:, :, 0]  # item_table's values, stride 2
+    assert not wide.is_contiguous()
+    torch.testing.assert_close(embedding_bpr(user_table, wide, users, pos, neg[:, 0]),
+                               embedding_bpr(user_table, item_table, users, pos, neg[:, :1], backend="reference"))

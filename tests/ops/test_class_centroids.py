@@ -1,0 +1,114 @@
+"""pnn_fast::class_centroids_fwd / _bwd, the mean embedding of each row's neutral and negative
+class: the selection and the means against the reference on exact grid inputs and on continuous
+ones, gradcheck, opcheck, and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batches import DEVICES, make_batch, raw_args, reference_classes, requires_kernels, row_args
+from pnn_fast import _extension
+from pnn_fast.backends import reference
+
+pytestmark = requires_kernels
+
+if _extension.has_kernels("cpu"):
+    from pnn_fast import ops
+
+
+def assert_centroids_are_class_means(batch: dict, k: torch.Tensor, tol: float):
+    """class_centroids' class sizes are those of the reference's classes, its centroids their means."""
+    neutral, negative, num_neutral, num_negative, *_ = ops.class_centroids(*row_args(batch), k)
+    _, unlabeled, neg_mask = reference_classes(batch, k)
+    cand_emb = reference.candidate_embeddings(batch["item_table"], batch["candidates"])
+    dtype = batch["user_emb"].dtype
+    for got, count, mask in ((neutral, num_neutral, unlabeled & ~neg_mask), (negative, num_negative, neg_mask)):
+        assert torch.equal(count, mask.sum(dim=1))
+        want = reference.class_sum(mask.to(dtype), cand_emb) / count.clamp_min(1)[:, None]
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("per_row", [None, 7])
+def test_class_centroids_selection_state_reproduces_the_selection(device, per_row):
+    """class_centroids' (threshold, cutoff) select the reference's negative class (k clamped)."""
+    batch = make_batch(150, 9, per_row=per_row, dtype=torch.float32, num_items=50, seed=2, device=device)
+    num_cands = batch["candidates"].shape[-1]
+    k = torch.randint(-1, num_cands + 2, (150,), generator=torch.Generator().manual_seed(0)).to(device)
+    *_, threshold, cutoff, _ = ops.class_centroids(*row_args(batch), k)
+    assert threshold.dtype == torch.float32 and cutoff.dtype == torch.int64
+    scores, unlabeled, negative = reference_classes(batch, k.clamp_min(0))
+    index = torch.arange(num_cands, device=device)
+    from_state = unlabeled & (cutoff[:, None] >= 0) & (
+        (scores < threshold[:, None]) | ((scores == threshold[:, None]) & (index <= cutoff[:, None])))
+    assert torch.equal(from_state, negative)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_class_centroids_are_class_means(device):
+    batch = make_batch(80, 6, per_row=11, dtype=torch.float32, num_items=40, seed=3, device=device)
+    k = torch.randint(0, 12, (80,), generator=torch.Generator().manual_seed(1)).to(device)
+    assert_centroids_are_class_means(batch, k, tol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("per_row", [None, 11])
+def test_class_centroids_on_continuous_inputs(device, per_row):
+    """float64 scores off the grid, distinct candidates in each row: the reference's class sizes and
+    means (not the selection state: its threshold is the kernel's score of the cutoff candidate,
+    a few ulps from the reference's off the grid)."""
+    batch = make_batch(120, 17, per_row=per_row, seed=8, device=device)
+    k = torch.randint(0, batch["candidates"].shape[-1] + 1, (120,), generator=torch.Generator().manual_seed(2))
+    assert_centroids_are_class_means(batch, k.to(device), tol=1e-12)
+
+
+def test_class_centroids_without_candidates_are_zero():
+    batch = make_batch(5, 3, per_row=2, seed=7)
+    no_cands = dict(batch, candidates=batch["candidates"][:, :0])
+    neutral, negative, *_ = ops.class_centroids(*row_args(no_cands), torch.ones(5, dtype=torch.long))
+    assert not neutral.any() and not negative.any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("per_row", [None, 5])
+def test_class_centroids_gradcheck(device, per_row):
+    batch = make_batch(12, 3, per_row=per_row, num_items=30, seed=4, device=device)  # continuous float64
+    k = torch.full((12,), 2, device=device)
+    args = row_args(batch)
+
+    def centroids(item_table):
+        return ops.class_centroids(args[0], item_table, *args[2:], k)[:2]
+
+    table = batch["item_table"].clone().requires_grad_()
+    assert torch.autograd.gradcheck(centroids, (table,), eps=1e-6, atol=1e-7)
+
+
+def opcheck_cases(device: str) -> list:
+    """(op, args) for each schema of this op, the forward with and without an item_table requiring grad."""
+    batch = make_batch(10, 5, per_row=4, num_items=20, seed=5, device=device)
+    base = raw_args(batch)
+    k = torch.full((10,), 2, device=device)
+    diff = list(base)
+    diff[1] = base[1].clone().requires_grad_()
+    out = torch.ops.pnn_fast.class_centroids_fwd(*base, k)
+    grads = [torch.randn(10, 5, dtype=torch.float64, device=device) for _ in range(2)]
+    return [
+        (torch.ops.pnn_fast.class_centroids_fwd.default, base + [k]),
+        (torch.ops.pnn_fast.class_centroids_fwd.default, diff + [k]),
+        (torch.ops.pnn_fast.class_centroids_bwd.default, grads + base + [out[4], out[5], out[2], out[3]]),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args in opcheck_cases(device):
+        torch.library.opcheck(op, args)
+
+
+def test_kernel_preconditions_are_clear_errors():
+    args = raw_args(make_batch(6, 4, seed=6))
+    with pytest.raises(RuntimeError, match="threshold must be Double"):
+        torch.ops.pnn_fast.class_centroids_bwd(args[0], args[0], *args, torch.zeros(6), torch.zeros(6, dtype=torch.long),
+                                               torch.ones(6, dtype=torch.long), torch.ones(6, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="k must be Long"):
+        torch.ops.pnn_fast.class_centroids_fwd(*args, torch.ones(6, dtype=torch.int32))

@@ -1,0 +1,70 @@
+"""pnn_fast::gathered_dots_fwd / _bwd, inner products of rows with gathered table rows (the
+attention's logits): value and gradients against a loop and the reference, gradcheck, CPU
+gradients independent of the thread count, opcheck, and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batches import DEVICES, requires_kernels, under_thread_counts, value_and_grads
+from pnn_fast import _extension
+from pnn_fast.backends import reference
+
+pytestmark = requires_kernels
+
+if _extension.has_kernels("cpu"):
+    from pnn_fast import ops
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gathered_dots_matches_the_definition_and_gradcheck(device):
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(40, 7, dtype=torch.float64, generator=gen).to(device)
+    table = torch.randn(9, 7, dtype=torch.float64, generator=gen).to(device)
+    ids = torch.randint(0, 9, (40, 6), generator=gen).to(device)  # many repeats per table row
+
+    def by_loops(r, t, i):
+        return torch.stack([torch.stack([r[b] @ t[j] for j in i[b].tolist()]) for b in range(r.shape[0])])
+
+    expected = value_and_grads(lambda r, t, i: (by_loops(r, t, i) ** 2).sum(), rows, table, ids)
+    for fn in (ops.gathered_dots, reference.gathered_dots):
+        got = value_and_grads(lambda r, t, i: (fn(r, t, i) ** 2).sum(), rows, table, ids)
+        for g, w in zip(got, expected):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    inputs = (rows[:5].clone().requires_grad_(), table.clone().requires_grad_())
+    assert torch.autograd.gradcheck(lambda r, t: ops.gathered_dots(r, t, ids[:5]), inputs)
+    with pytest.raises(RuntimeError, match="ids has ids outside"):
+        ops.gathered_dots(rows, table, ids + 9)
+    with pytest.raises(TypeError, match="table has dtype"):
+        ops.gathered_dots(rows, table.float(), ids)
+
+
+def test_gathered_dots_gradients_do_not_depend_on_the_thread_count():
+    gen = torch.Generator().manual_seed(6)
+    rows, table = torch.randn(3000, 64, generator=gen), torch.randn(50, 64, generator=gen)
+    ids = torch.randint(0, 50, (3000, 20), generator=gen)
+    weights = torch.randn(3000, 20, generator=gen)
+    results = under_thread_counts((1, 3), lambda: value_and_grads(
+        lambda r, t, i: (ops.gathered_dots(r, t, i) * weights).sum(), rows, table, ids))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def opcheck_cases(device: str) -> list:
+    """(op, args) for each schema of this op, the forward with and without inputs requiring grad."""
+    gen = torch.Generator().manual_seed(8)
+    rows = torch.randn(4, 3, dtype=torch.float64, generator=gen).to(device)
+    table = torch.randn(20, 3, dtype=torch.float64, generator=gen).to(device)
+    ids = torch.randint(20, (4, 2), generator=gen).to(device)
+    grad = torch.randn(4, 2, dtype=torch.float64, generator=gen).to(device)
+    return [
+        (torch.ops.pnn_fast.gathered_dots_fwd.default, [rows, table, ids]),
+        (torch.ops.pnn_fast.gathered_dots_fwd.default, [rows.clone().requires_grad_(),
+                                                        table.clone().requires_grad_(), ids]),
+        (torch.ops.pnn_fast.gathered_dots_bwd.default, [grad, rows, table, ids]),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args in opcheck_cases(device):
+        torch.library.opcheck(op, args)

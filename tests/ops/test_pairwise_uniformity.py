@@ -1,0 +1,105 @@
+"""pnn_fast::pairwise_uniformity_fwd / _bwd, L_uniform (the log mean Gaussian potential over pairs
+of rows): value and gradient against the reference and against the difference form at large
+scales, float32, CUDA against CPU, gradcheck, opcheck, and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batches import DEVICES, TOLERANCE, requires_kernels
+from pnn_fast import _extension
+from pnn_fast.backends import reference
+
+pytestmark = requires_kernels
+
+if _extension.has_kernels("cpu"):
+    from pnn_fast import ops
+
+CUDA = "cuda" in DEVICES
+
+
+def uniformity_from_differences(x: torch.Tensor, t: float) -> torch.Tensor:
+    """The uniformity from ||x_i - x_j||^2 summed over differences ([n, n, d] memory: tests only).
+
+    The reference expands |x_i|^2 + |x_j|^2 - 2 x_i.x_j, which loses ~|x|^2 eps absolute per
+    distance; at large scales this form is the accurate one to compare with.
+    """
+    n = x.shape[0]
+    dist2 = (x[:, None, :] - x[None, :, :]).pow(2).sum(dim=-1)
+    logits = (-t * dist2).masked_fill(torch.eye(n, dtype=torch.bool), float("-inf"))
+    return torch.logsumexp(logits.reshape(-1), dim=0) - torch.log(torch.tensor(float(n * (n - 1)), dtype=x.dtype))
+
+
+@pytest.mark.parametrize("n,dim", [(1, 3), (2, 1), (3, 5), (50, 67), (257, 8)])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_pairwise_uniformity_matches_reference(n, dim, scale):
+    x = (torch.randn(n, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(n)) * scale)
+    grad_out = torch.tensor(0.7, dtype=torch.float64)
+    want_fn = reference.pairwise_uniformity if scale <= 1 or n < 2 else uniformity_from_differences
+    results = []
+    for fn in (ops.pairwise_uniformity, want_fn):
+        xr = x.clone().requires_grad_()
+        value = fn(xr, 2.0)
+        grad = torch.autograd.grad(value, xr, grad_out, allow_unused=True)[0]
+        results.append((value, torch.zeros_like(x) if grad is None else grad))
+    (got, got_grad), (want, want_grad) = results
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
+    # the weights exp(l_ij - L) carry the absolute rounding of logits of size t |x|^2 (1e8 at
+    # scale 1e3: 1e-8 in float64), whatever the formula
+    grad_rtol = 1e-9 if scale <= 1 else 1e-6
+    torch.testing.assert_close(got_grad, want_grad, rtol=grad_rtol, atol=1e-12)
+
+
+def test_pairwise_uniformity_float32_at_large_scale():
+    # distances from differences, exponentials behind a max: float32 stays accurate and finite
+    x = torch.randn(300, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 100
+    want = reference.pairwise_uniformity(x, 2.0)
+    got = ops.pairwise_uniformity(x.float(), 2.0)
+    assert torch.isfinite(got)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device and the CUDA kernels")
+def test_cuda_uniformity_and_cpu_parity():
+    x = torch.randn(3000, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    results = []
+    for device in ("cpu", "cuda"):
+        xd = x.to(device).requires_grad_()
+        value = ops.pairwise_uniformity(xd, 2.0)
+        results.append((value.cpu(), torch.autograd.grad(value, xd)[0].cpu()))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale", [0.3, 30.0])
+def test_pairwise_uniformity_gradcheck(device, scale):
+    x = (torch.randn(9, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * scale).to(device)
+    assert torch.autograd.gradcheck(lambda y: ops.pairwise_uniformity(y, 2.0 / scale**2), (x.requires_grad_(),))
+
+
+def opcheck_cases(device: str) -> list:
+    """(op, args) for each schema of this op, the forward with and without an x requiring grad."""
+    x = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
+    value = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0)
+    grad = torch.tensor(0.5, dtype=torch.float64, device=device)
+    return [
+        (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x, 2.0]),
+        (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x.clone().requires_grad_(), 2.0]),
+        (torch.ops.pnn_fast.pairwise_uniformity_bwd.default, [grad, x, 2.0, value]),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args in opcheck_cases(device):
+        torch.library.opcheck(op, args)
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="no kernels for device type 'meta'"):
+        ops.pairwise_uniformity(torch.zeros(3, 2, device="meta"), 2.0)
+    with pytest.raises(RuntimeError, match=r"x must be a floating-point \[n, d\] tensor"):
+        ops.pairwise_uniformity(torch.zeros(3), 2.0)
+    with pytest.raises(RuntimeError, match="t must be finite"):
+        ops.pairwise_uniformity(torch.zeros(3, 2), float("nan"))
