@@ -1,6 +1,7 @@
 """The package is a straight stack: no module imports, directly or through others, one that
 imports it back, and every module imports on its own in a fresh interpreter."""
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -95,8 +96,15 @@ def test_no_import_inside_a_function_of_the_package():
     assert lazy == []
 
 
+#: integrations whose third-party package is optional: without it, importing them says what to install
+OPTIONAL = {"pnn_fast.integrations.recbole": "recbole"}
+
+
 @pytest.mark.parametrize("name", sorted(set(MODULES) - {"pnn_fast.__main__"}))  # that one runs the CLI
 def test_each_module_imports_alone(name):
     run = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=120,
                          cwd=PACKAGE.parent)
+    if name in OPTIONAL and importlib.util.find_spec(OPTIONAL[name]) is None:
+        assert run.returncode != 0 and f"pip install {OPTIONAL[name]}" in run.stderr.strip().splitlines()[-1]
+        return
     assert run.returncode == 0, run.stderr.strip().splitlines()[-1:]
