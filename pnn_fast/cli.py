@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ EXAMPLES = """examples:
   pnn-fast compare --data ../shared/data/ml-100k --losses simplex,uib --epochs 20
   pnn-fast evaluate --checkpoint runs/pnn/checkpoint.pt --data ../shared/data/ml-1m --split rs
   pnn-fast study studies/example.toml --jobs 2 --threads 1    # a grid of runs, resumable; studies/README.md
+  torchrun --nproc-per-node 2 -m pnn_fast train --loss pnn --loss-arg candidates_across_ranks=true
 """
 
 
@@ -187,10 +189,13 @@ def _config(args, loss: str):
 def _train(args) -> None:
     config = _config(args, args.loss)
     data = _load_data(args)
-    print(data.summary())
+    first_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun, one rank reports (the trainer logs likewise)
+    if first_rank:
+        print(data.summary())
     out = args.out or Path("runs") / f"{data.name}-{args.model}-{args.loss}"
     run(data, config, out, resume=args.resume, progress=not args.no_progress)
-    print(f"results: {Path(out) / 'results.json'}, curves: {Path(out) / 'curves.png'}")
+    if first_rank:
+        print(f"results: {Path(out) / 'results.json'}, curves: {Path(out) / 'curves.png'}")
 
 
 def comparison_table(rows: list) -> str:

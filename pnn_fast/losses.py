@@ -16,6 +16,7 @@ from torch import nn
 from . import backends
 from ._checks import check_embedding, check_id_tensor, check_same, check_values, require_tensor, validate_batch
 from .attention import UserAwareAttention
+from .distributed import gather_ids
 from .backends.rows import NORM_EPS
 from .known import KnownPositives
 from .sampling import sample_unknown
@@ -50,6 +51,10 @@ class PNNLoss(nn.Module):
             per row as the candidates (:func:`pnn_fast.sampling.sample_unknown`); None: in-batch.
         num_hard_candidates: when set, a call without ``hard_candidates`` draws this many per row
             for L_BPR's hard negative (DNS's choice); None: the hardest of the candidates.
+        candidates_across_ranks: under ``torch.distributed``, in-batch candidates are every rank's
+            positives (:func:`pnn_fast.distributed.gather_ids`), as contrastive losses gather theirs;
+            each rank scores them on its own replica of ``item_table``, so with DDP's gradient
+            averaging the result equals one process training on the whole global batch.
         backend: "auto", "reference", "cpu" or "cuda" (same semantics everywhere).
         validate: check id ranges and finiteness on every call (one host sync); a trainer that
             makes its own ids may turn it off. Shapes, dtypes and devices are always checked.
@@ -69,7 +74,7 @@ class PNNLoss(nn.Module):
                  uniform_t: float = 2.0, uniform_normalize: bool = True, lambda_mode: str = "attention",
                  fixed_lambda: float = 0.5, use_rank: bool = True, rank_weight: float = 1.0,
                  num_candidates: Optional[int] = None, num_hard_candidates: Optional[int] = None,
-                 backend: str = "auto", validate: bool = True):
+                 candidates_across_ranks: bool = False, backend: str = "auto", validate: bool = True):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
@@ -102,6 +107,7 @@ class PNNLoss(nn.Module):
         self.use_rank = use_rank
         self.rank_weight = float(rank_weight)
         self.num_candidates, self.num_hard_candidates = num_candidates, num_hard_candidates
+        self.candidates_across_ranks = bool(candidates_across_ranks)
         self.backend = backends.check_name(backend)
         self.validate = validate
         self.attention = UserAwareAttention(dim, history_len) if lambda_mode == "attention" else None
@@ -119,6 +125,8 @@ class PNNLoss(nn.Module):
             hard_candidates = sample_unknown(known, users, self.num_hard_candidates, generator, self.backend)
         impl = backends.select(self.backend, user_emb.device)
         candidates = pos_items if neg_items is None else neg_items
+        if neg_items is None and self.candidates_across_ranks:
+            candidates = gather_ids(pos_items)
         if noise is None:
             noise = (torch.rand_like(user_emb) * self.noise_max, torch.rand_like(user_emb) * self.noise_max)
         terms = impl.pnn_row_terms(user_emb, item_table, users, pos_items, candidates, known,

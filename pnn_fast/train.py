@@ -21,9 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.adam import adam as functional_adam
 from tqdm.auto import tqdm
 
+from . import distributed
 from ._extension import build_info
 from ._version import __version__
 from .data import Dataset
@@ -109,13 +112,43 @@ class LeanAdamStep:
                         maximize=group["maximize"])
 
 
+class BatchStep(nn.Module):
+    """One batch's loss: the objective's, the model's auxiliary loss, and the trainer's L2 term.
+
+    A module of its own so that, under ``torchrun``, DistributedDataParallel wraps the whole step
+    (model and objective parameters alike) and sees its forward.
+    """
+
+    def __init__(self, model: Recommender, objective: nn.Module, reg_weight: float):
+        super().__init__()
+        self.model, self.objective, self.reg_weight = model, objective, reg_weight
+
+    def forward(self, users: torch.Tensor, pos: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """users, pos: int64 [B]; a 0-dim loss."""
+        # the L2 weight is the trainer's; the objective may fuse the term into its own op
+        out = self.objective(self.model, users, pos, generator, reg_weight=self.reg_weight)
+        loss = out.loss + self.model.auxiliary_loss(users, pos) if self.model.has_auxiliary_loss else out.loss
+        if self.reg_weight == 0 or out.l2_included:  # (RecBole's BPR model has no L2 term)
+            return loss
+        return loss + self.reg_weight * embedding_l2(self.model, out.users, out.pos_items, out.neg_items)
+
+
 class Trainer:
-    """Trains ``config.model`` with ``config.loss`` on ``data``; results and checkpoints go to ``out_dir``."""
+    """Trains ``config.model`` with ``config.loss`` on ``data``; results and checkpoints go to ``out_dir``.
+
+    Under ``torchrun`` (WORLD_SIZE > 1) every rank trains its slice of each global batch of
+    ``config.batch_size`` pairs with DistributedDataParallel; the replicas stay identical, every
+    rank evaluates the same, and only rank 0 writes files and logs.
+    """
 
     def __init__(self, data: Dataset, config: TrainConfig, out_dir: os.PathLike | str):
         self.data, self.config = data, config
         self.out_dir = Path(out_dir)
-        self.device = torch.device(config.device)
+        self.rank, self.world_size = distributed.init_from_environment(torch.device(config.device))
+        self.device = distributed.device_of_rank(torch.device(config.device))
+        for name, value in (("the number of users", data.num_users), ("the number of items", data.num_items),
+                            ("the number of training pairs", data.train[0].numel())):
+            distributed.require_same_on_every_rank(name, value, self.device)
         torch.manual_seed(config.seed)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         train_users, train_items = (t.to(self.device) for t in data.train)
@@ -128,6 +161,10 @@ class Trainer:
         self.model = build_model(config.model, data.num_users, data.num_items, train_users, train_items,
                                  dim=config.dim, **config.model_args).to(self.device)
         self.objective = build_objective(config.loss, self.known, self.model, **config.loss_args).to(self.device)
+        self.step = BatchStep(self.model, self.objective, config.reg_weight)
+        if self.world_size > 1:  # rank 0's initial parameters are broadcast to every replica
+            self.step = DistributedDataParallel(self.step, device_ids=[self.device] if self.device.type == "cuda"
+                                                else None)
         params = list(self.model.parameters()) + list(self.objective.parameters())
         # the fused (multi-tensor, one kernel) Adam: the same update as the default one, several
         # times cheaper on the full embedding tables that every step updates
@@ -140,33 +177,33 @@ class Trainer:
 
     # ---- one epoch ------------------------------------------------------------------
     def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        # the L2 weight is the trainer's; the objective may fuse the term into its own op
-        out = self.objective(self.model, users, pos, self.generator, reg_weight=self.config.reg_weight)
-        loss = out.loss + self.model.auxiliary_loss(users, pos) if self.model.has_auxiliary_loss else out.loss
-        if self.config.reg_weight == 0 or out.l2_included:  # (RecBole's BPR model has no L2 term)
-            return loss
-        return loss + self.config.reg_weight * embedding_l2(self.model, out.users, out.pos_items, out.neg_items)
+        return self.step(users, pos, self.generator)
 
     def train_epoch(self, progress: bool = True) -> float:
         self.model.train()
         self.objective.train()
+        if self.world_size > 1:
+            # each rank draws its own negatives for its own rows: a stream per (seed, rank, epoch),
+            # so that a resumed run draws what an uninterrupted one would
+            self.generator.manual_seed(self.config.seed + 1_000_003 * self.rank + 7_919 * self.epoch)
         self.model.on_epoch_start(self.generator)
         self.objective.on_epoch_start(self.model, self.generator)
         n = self.train_users.numel()
-        order = torch.randperm(n, generator=self.generator, device=self.device)
+        # every rank must walk the same global batches: rank 0's shuffle is everyone's
+        order = distributed.broadcast_from_first(torch.randperm(n, generator=self.generator, device=self.device))
         # shuffled once per epoch (two gathers), so that each batch is a pair of views
         users, items = self.train_users[order], self.train_items[order]
         total = torch.zeros((), device=self.device)
         size = self.config.batch_size
-        for start in tqdm(range(0, n, size), desc=f"epoch {self.epoch + 1}", leave=False, disable=not progress,
-                          unit="batch"):
-            batch_users, batch_items = users[start:start + size], items[start:start + size]
-            loss = self._batch_loss(batch_users, batch_items)
+        for start in tqdm(range(0, n, size), desc=f"epoch {self.epoch + 1}", leave=False,
+                          disable=not progress or self.rank != 0, unit="batch"):
+            lo, hi = distributed.shard(start, min(start + size, n))
+            loss = self._batch_loss(users[lo:hi], items[lo:hi])
             self.adam.zero_grad()
             loss.backward()
             self.adam.step()
-            total.add_(loss.detach(), alpha=batch_users.numel())
-        return float(total) / n  # the epoch's only host sync
+            total.add_(loss.detach(), alpha=hi - lo)
+        return float(distributed.sum_over_ranks(total)) / n  # the epoch's only host sync
 
     # ---- evaluation ----------------------------------------------------------------
     def scoring_tables(self) -> tuple:
@@ -229,6 +266,10 @@ class Trainer:
     # ---- the run -------------------------------------------------------------------
     def fit(self, *, resume: bool = False, progress: bool = True, log=print) -> dict:
         """Train until ``config.epochs`` or early stopping; returns the results dict (also written to disk)."""
+        writes = self.rank == 0  # every rank trains and evaluates alike; one of them writes and logs
+        if not writes:
+            def log(*_):
+                return None
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume:
             if not self.checkpoint_path.exists():
@@ -250,12 +291,14 @@ class Trainer:
             self.history.append({"epoch": self.epoch, "loss": loss, "train_seconds": seconds, "valid": valid})
             shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items() if k.endswith(f"@{max(cfg.ks)}"))
             log(f"epoch {self.epoch:3d}  loss {loss:.4f}  {seconds:.2f}s  {shown}")
-            self.save_checkpoint()
+            if writes:
+                self.save_checkpoint()
         self.restore(self.best["state"])
         test = self.evaluate_split("test") if "test" in self.held_out else {}
         results = self.results(test)
-        (self.out_dir / "results.json").write_text(json.dumps(results, indent=2))
-        plot_curves(self.history, cfg.valid_metric, self.out_dir / "curves.png")
+        if writes:
+            (self.out_dir / "results.json").write_text(json.dumps(results, indent=2))
+            plot_curves(self.history, cfg.valid_metric, self.out_dir / "curves.png")
         log(f"best epoch {self.best['epoch']} ({cfg.valid_metric} {self.best['score']:.4f}); test " +
             " ".join(f"{k}={v:.4f}" for k, v in test.items()))
         return results
@@ -265,6 +308,7 @@ class Trainer:
             "config": asdict(self.config), "dataset": self.data.summary(),
             "versions": {"pnn_fast": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
                          "platform": platform.platform(), "build": build_info()},
+            "world_size": self.world_size,
             "epochs": self.history, "best_epoch": self.best["epoch"], "best_valid": self.best["score"],
             "test": test,
             "mean_epoch_seconds": sum(h["train_seconds"] for h in self.history) / max(len(self.history), 1),

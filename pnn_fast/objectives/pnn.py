@@ -14,13 +14,15 @@ class PNNObjective(Objective):
     ``hard_negative``: "candidates" (the paper: L_BPR's hard negative is the hardest of the class
     candidates) or "sampled" (DNS's: the hardest of ``hard_candidates`` fresh uniform samples, while
     the classes stay over the candidates). ``rank_weight``: L_rank's weight inside L_PNN.
+    ``candidates_across_ranks``: under torchrun, in-batch candidates from every rank (PNNLoss's).
     ``preset``: a name of :data:`pnn_fast.losses.PRESETS`, which then sets every other argument
     but ``backend``."""
 
     DEFAULTS = {"in_batch": True, "candidates": 8, "alpha": 0.8, "beta": 0.6, "neg_size": "proportional",
                 "history_len": 50, "lambda_mode": "attention", "fixed_lambda": 0.5, "use_rank": True,
                 "rank_weight": 1.0, "hard_negative": "candidates", "hard_candidates": 8,
-                "noise_max": 0.1, "uniform_t": 2.0, "backend": "auto", "preset": None}
+                "noise_max": 0.1, "uniform_t": 2.0, "candidates_across_ranks": False, "backend": "auto",
+                "preset": None}
 
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
@@ -40,7 +42,7 @@ class PNNObjective(Objective):
                                fixed_lambda=a["fixed_lambda"], use_rank=a["use_rank"], rank_weight=a["rank_weight"],
                                num_candidates=None if a["in_batch"] else int(a["candidates"]),
                                num_hard_candidates=int(a["hard_candidates"]) if a["hard_negative"] == "sampled" else None,
-                               noise_max=a["noise_max"],
+                               noise_max=a["noise_max"], candidates_across_ranks=a["candidates_across_ranks"],
                                uniform_t=a["uniform_t"], backend=a["backend"], validate=False)
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
