@@ -29,7 +29,7 @@ site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])';
 # RecBole 1.2.1's requirements, minus ray (only recbole.quick_start imports it, for
 # hyper-parameter tuning; the benchmark builds config, dataset, model and trainer itself)
 # and minus torch (below).  thop also requires torch, hence --no-deps for it.
-"${PIP[@]}" "numpy<2" "pandas<2.3" "scipy>=1.6" "tqdm>=4.48.2" colorlog==4.7.2 colorama==0.4.4 \
+"${PIP[@]}" "numpy<2" "pandas<2.3" "scipy>=1.6,<1.13" "tqdm>=4.48.2" colorlog==4.7.2 colorama==0.4.4 \
     "scikit-learn>=0.23.2" "pyyaml>=5.1" "tensorboard>=2.5" "tabulate>=0.8.10" "plotly>=4" \
     "texttable>=0.9" "psutil>=5.9" pytest pytest-benchmark
 "${PIP[@]}" --no-deps "thop>=0.1.1.post2207130030" recbole==1.2.1

@@ -16,8 +16,13 @@ try:
     import recbole.config  # noqa: F401  (also fails under numpy 2)
     NOT_COLLECTED = None
 except Exception as exc:  # ImportError where absent, AttributeError from numpy 2, ...
-    NOT_COLLECTED = (f"tests/recbole not collected: RecBole 1.2.1 does not import in this Python ({type(exc).__name__}: {exc}); "
+    why = "not installed" if getattr(sys.modules.get("recbole"), "__file__", None) is None else f"{type(exc).__name__}: {exc}"
+    NOT_COLLECTED = (f"tests/recbole not collected: RecBole 1.2.1 does not import in this Python ({why}); "
                      "its own venv: see tests/recbole/conftest.py")
+    # With tests/ on sys.path (pytest's pythonpath), a failed "import recbole" leaves this very folder in
+    # sys.modules as an empty namespace package "recbole": take it out again.
+    for _name in [m for m in sys.modules if m == "recbole" or m.startswith("recbole.")]:
+        del sys.modules[_name]
 
 collect_ignore_glob = ["test_*.py"] if NOT_COLLECTED else []
 
