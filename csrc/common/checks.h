@@ -3,7 +3,9 @@
 
 #include <cmath>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/aminmax.h>
 #include <ATen/OpMathType.h>
 
 #include "common/pnn_rows.h"

@@ -1,7 +1,7 @@
 // Host-side pieces of pnn_fast::pairwise_uniformity shared by both backends.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cmath>
 

@@ -11,7 +11,9 @@
 // mirrors it: the larger class's gradient goes to every candidate through one column sum.
 // Per-row lists are scattered back by tasks that each own a range of item ids (no atomics, an
 // order independent of the thread count).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -1,6 +1,7 @@
 // pnn_fast::count_unlabeled on CPU: |U_b| without scoring anything.  A shared candidate list is
 // searched once per row for its labeled candidates (CandidateSet::for_each_labeled).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

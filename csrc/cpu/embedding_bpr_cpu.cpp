@@ -2,7 +2,9 @@
 // gathered rows), forward and backward, in place of some 40 ATen ops per step.  Per-row values are
 // computed in parallel and summed in row order; the table gradients are scattered by column blocks
 // (for_column_blocks), so every result is the same for any number of threads.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -1,6 +1,8 @@
 // pnn_fast::gathered_dots_fwd / _bwd on CPU: <rows[b], table[ids[b, k]]> without a [B, K, d] copy
 // (the attention's logits); the table gradient is scattered by column blocks (deterministic).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

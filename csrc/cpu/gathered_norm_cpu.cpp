@@ -1,6 +1,8 @@
 // pnn_fast::gathered_norm_fwd / _bwd on CPU: the Frobenius norm of gathered table rows (RecBole's
 // EmbLoss term) without the gathered copy; the backward scatters by column blocks (deterministic).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

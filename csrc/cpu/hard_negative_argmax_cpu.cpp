@@ -1,6 +1,7 @@
 // pnn_fast::hard_negative_argmax on CPU: each task scores one row at a time into a scratch of C
 // values, so no [B, C] buffer exists.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -1,6 +1,7 @@
 // pnn_fast::history_sample on CPU: a uniform random subset of each user's known items by Floyd's
 // algorithm (floyd_positions, pnn_rows.h), O(L^2) per row whatever the user's number of items.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -3,7 +3,13 @@
 // difference form, exact at any scale), the exponentials and log-sum-exps from ATen's
 // vectorised kernels and the backward's weighted sums from a GEMM.  Extra memory: the points
 // tiled once (n d) and a [kBlockRows, n] block per task; no [n, n] buffer.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/logsumexp.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -1,7 +1,8 @@
 // pnn_fast::unknown_items on CPU: the sampler's map from a uniform draw to the r-th item a user has
 // not interacted with, by one binary search in the user's own CSR row.  Searches advance in lockstep
 // (UnknownSearch, pnn_rows.h) so that each prefetches its next probe.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

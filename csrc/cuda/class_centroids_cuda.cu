@@ -5,7 +5,10 @@
 // classifies one candidate, then each thread adds the chunk's members along its own dims.
 // Backward: the same classification recomputed from (threshold, cutoff), then each member's
 // per-member gradient is scattered with atomics, threads spread over (candidate, dim) pairs.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -1,6 +1,7 @@
 // pnn_fast::count_unlabeled on CUDA: one block per row, each thread counts a strided subset of the
 // candidates that are unlabeled for the row (no scoring), and the block sums the counts.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

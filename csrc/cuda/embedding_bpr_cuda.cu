@@ -2,7 +2,9 @@
 // (the scores are the same sequential chains as on the CPU), one thread per (row, column) for the
 // scatter into the table gradients.  The scatter uses atomicAdd into accumulation-dtype buffers, so,
 // as torch's index_add on CUDA, the order of the additions (the last bits of a gradient) may vary.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -1,6 +1,8 @@
 // pnn_fast::gathered_dots_fwd / _bwd on CUDA: one thread per (b, k) dot product; the backward takes
 // one thread per (b, i) and adds the table's share with atomicAdd.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

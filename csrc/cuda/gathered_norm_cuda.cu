@@ -1,6 +1,8 @@
 // pnn_fast::gathered_norm_fwd / _bwd on CUDA: squared rows per thread, then one reduction; the
 // backward scatters with atomicAdd (order of additions may vary, as torch's index_add on CUDA).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -1,6 +1,7 @@
 // pnn_fast::hard_negative_argmax on CUDA: one block per row, each thread takes a strided subset of
 // the candidates and the block reduces (key, j) and |U_b|.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

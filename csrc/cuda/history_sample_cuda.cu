@@ -1,5 +1,6 @@
 // pnn_fast::history_sample on CUDA: one thread per row, Floyd's algorithm of pnn_rows.h.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -4,7 +4,11 @@
 // the block merges them (pnn_rows.h lse_merge); at::logsumexp merges the rows in float64.
 // Backward: per chunk of kThreads points, each thread computes one weight w_ij, then each thread
 // accumulates sum_j w_ij (x_i - x_j) along its own dims.  O(n d) memory, no [n, n] buffer.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/logsumexp.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -1,5 +1,6 @@
 // pnn_fast::unknown_items on CUDA: one thread per draw, the binary search of UnknownSearch (pnn_rows.h).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "common/checks.h"
