@@ -364,6 +364,10 @@ def _train_cells(cells: list[Cell], out: Path, jobs: int, threads: int, show_bar
     return failed
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # a BaseException: _train_cells terminates its workers on the way out
+
+
 def run_study(plan: Plan, out: os.PathLike | str | None = None, *, jobs: int = 1, threads: int | None = None,
               only: str | None = None, progress: bool = True, log=print) -> dict:
     """Train the plan's unfinished cells, then write the summary (also when interrupted) and return it.
@@ -388,9 +392,12 @@ def run_study(plan: Plan, out: os.PathLike | str | None = None, *, jobs: int = 1
     pending = [cell for cell in selected if not (cell.folder(out) / RESULTS_FILE).exists()]
     log(f"study {plan.name}: {len(selected)} cells, {len(selected) - len(pending)} finished before, "
         f"{len(pending)} to train ({jobs} jobs x {threads} threads); output in {out}")
+    # a `kill` (SIGTERM) must stop the workers as Ctrl-C does, not leave them training as orphans
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         failed = _train_cells(pending, out, jobs, threads, progress and jobs == 1, log) if pending else {}
     finally:
+        signal.signal(signal.SIGTERM, previous)
         summary = write_summary(plan, out)  # also after Ctrl-C: whatever has finished
     if failed:
         key, error = next(iter(failed.items()))

@@ -280,6 +280,9 @@ class Trainer:
         while self.epoch < cfg.epochs and self.epoch - max(self.best["epoch"], 0) < cfg.patience + 1:
             start = time.perf_counter()
             loss = self.train_epoch(progress)
+            if not math.isfinite(loss):  # the checkpoint on disk is still the last finite epoch's
+                raise RuntimeError(f"training diverged: the loss of epoch {self.epoch + 1} is {loss}; the last "
+                                         f"finite epoch is {self.epoch} (its checkpoint is kept)")
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start

@@ -1,6 +1,10 @@
 """``pnn-fast study``: the summary's statistics against a recomputation, resume, --jobs, failures, bad plans."""
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +13,8 @@ from scipy.stats import ttest_rel
 from pnn_fast.cli import main
 from pnn_fast.data import synthetic_dataset
 from pnn_fast.train import TrainConfig, run
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # 2 x 3 + 2 cells of two tiny epochs on the built-in data; "dns16" has two seeds only
 PLAN = """\
@@ -176,3 +182,25 @@ def test_a_bad_plan_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, ch
     error = capsys.readouterr().err
     assert error.startswith(f"pnn-fast: error: {plan}: {where}") and error.count("\n") == 1, error
     assert not (tmp_path / "out").exists()  # checked before anything trains
+
+
+def test_sigterm_stops_the_workers_too(tmp_path):
+    """`kill` of a running study ends its worker processes (no orphan keeps training)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "pnn_fast", "study", str(ROOT / "studies" / "example.toml"),
+                             "--out", str(tmp_path), "--jobs", "1", "--threads", "1", "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.rglob("checkpoint.pt")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert children, "the study started no worker"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    time.sleep(1)
+    alive = [pid for pid in children if Path(f"/proc/{pid}").exists()
+             and "spawn" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert alive == []
