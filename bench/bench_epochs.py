@@ -36,10 +36,14 @@ DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data")) / 
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 
-# name -> (objective, its arguments): every registered objective with its defaults, and the PNN
-# variant of docs/results.md (8 sampled candidates, no uniformity term)
+# name -> (objective, its arguments): every registered objective with its defaults, the PNN
+# variant of docs/results.md (8 sampled candidates, no uniformity term), and issue 14's leaders
+# (docs/why-pnn.md): the dns-anchored preset, SL at temperature 0.2, and SL with PNN's classes
 CASES = {**{name: (name, {}) for name in sorted(OBJECTIVES)},
-         "pnn-sampled8": ("pnn", {"in_batch": False, "candidates": 8, "beta": 0.0})}
+         "pnn-sampled8": ("pnn", {"in_batch": False, "candidates": 8, "beta": 0.0}),
+         "pnn-dns-anchored": ("pnn", {"preset": "dns-anchored"}),
+         "sl-t02": ("sl", {"temperature": 0.2}),
+         "sl-pnn-t02-w05": ("sl", {"temperature": 0.2, "neutral_weight": 0.5})}
 SELECTED = [name for name in os.environ.get("BENCH_LOSSES", ",".join(CASES)).split(",") if name]
 
 
