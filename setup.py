@@ -157,8 +157,8 @@ ABI3_TAG = f"cp3{int((LIMITED_API or '0x03090000')[4:6], 16)}"
 cxx_flags = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off", "-Wno-psabi"] + openmp_flags() + defines
 nvcc_flags = (["-O0", "-g", "-lineinfo"] if DEBUG else ["-O3"]) + defines
 sources = relative_sources("csrc/*.cpp") + relative_sources("csrc/cpu/*.cpp")
-if WITH_CUDA:
-    sources += relative_sources("csrc/cuda/*.cu")
+if WITH_CUDA:  # the op files of csrc/cuda/, as one translation unit (see csrc/cuda_ops.cu)
+    sources += ["csrc/cuda_ops.cu"]
 extension_type = CUDAExtension if WITH_CUDA else CppExtension
 extension = extension_type(
     "pnn_fast._C",

@@ -150,3 +150,9 @@ def test_setup_builds_cpu_only_when_the_toolkit_cannot_link(tmp_path):
     last_line = forced.stderr.strip().splitlines()[-1]
     assert last_line.startswith("pnn_fast: FORCE_CUDA=1 but the CUDA toolkit at") and "libcudart" in last_line
     assert "Traceback" not in forced.stderr
+
+
+def test_every_cuda_op_file_is_in_the_cuda_translation_unit():
+    """setup.py and CMake compile csrc/cuda_ops.cu, which includes the op files: a new one must be listed."""
+    listed = re.findall(r'^#include "cuda/(\w+\.cu)"$', (ROOT / "csrc" / "cuda_ops.cu").read_text(), re.MULTILINE)
+    assert sorted(listed) == sorted(p.name for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
