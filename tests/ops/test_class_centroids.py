@@ -99,12 +99,6 @@ def opcheck_cases(device: str) -> list:
     ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_cases(device):
-        torch.library.opcheck(op, args)
-
-
 def test_kernel_preconditions_are_clear_errors():
     args = raw_args(make_batch(6, 4, seed=6))
     with pytest.raises(RuntimeError, match="threshold must be Double"):

@@ -104,12 +104,6 @@ def opcheck_cases(device: str) -> list:
     return cases
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_cases(device):
-        torch.library.opcheck(op, args)
-
-
 def test_embedding_bpr_bad_input_names_the_argument():
     user_table, item_table, users, pos, neg = bpr_inputs(rows=5)
     with pytest.raises(ValueError, match="users"):

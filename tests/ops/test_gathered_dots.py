@@ -62,9 +62,3 @@ def opcheck_cases(device: str) -> list:
                                                         table.clone().requires_grad_(), ids]),
         (torch.ops.pnn_fast.gathered_dots_bwd.default, [grad, rows, table, ids]),
     ]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_cases(device):
-        torch.library.opcheck(op, args)

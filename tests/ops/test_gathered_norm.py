@@ -62,12 +62,6 @@ def opcheck_cases(device: str) -> list:
     ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_cases(device):
-        torch.library.opcheck(op, args)
-
-
 def test_bad_input_is_a_clear_error():
     table = torch.randn(10, 5, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="ids has ids outside"):

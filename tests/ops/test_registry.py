@@ -1,15 +1,17 @@
-"""Every registered ``pnn_fast::`` schema is opchecked, by the test file named after its op
-(tests/ops/test_<op>.py, for the schema <op> or <op>_fwd / <op>_bwd): a new op without an
-opcheck fails here."""
+"""Every registered ``pnn_fast::`` schema is opchecked with the cases of the test file named after
+its op (``opcheck_cases(device)`` in tests/ops/test_<op>.py, for the schema <op> or <op>_fwd /
+<op>_bwd): a new op without an opcheck fails here. The opchecks themselves run here, once per op
+file and device."""
 from __future__ import annotations
 
 import importlib.util
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
-from batches import requires_kernels
+from batches import DEVICES, requires_kernels
 
 pytestmark = requires_kernels
 
@@ -42,3 +44,10 @@ def test_every_registered_schema_is_opchecked_by_the_file_of_its_op():
     assert set(opchecked_by) == registered_schemas()
     for schema, files in opchecked_by.items():
         assert files == {f"test_{op_of(schema)}"}, schema
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", OP_TEST_FILES, ids=lambda path: path.stem)
+def test_opcheck(path, device):
+    for op, args in load(path).opcheck_cases(device):
+        torch.library.opcheck(op, args)
