@@ -7,6 +7,8 @@ single host synchronisation by :func:`check_values`.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 import torch
@@ -20,6 +22,31 @@ _ID_DTYPES = (torch.int32, torch.int64)
 def require_tensor(name: str, x) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def check_real(name: str, value, *, low: float = 0.0, high: float = math.inf, low_open: bool = False) -> float:
+    """``value`` as a float, once it is a finite real number in ``[low, high]`` (``(low, high]`` when
+    ``low_open``): a loss weight, a noise magnitude, a temperature.
+
+    NaN and inf are refused too: a weight of NaN or a negative one makes a loss meaningless or
+    unbounded below, and training on it "works" until it diverges far from the cause. bool and str
+    are refused rather than coerced (``float("0.5")`` would hide a typed-in string).
+    """
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or not (low < value if low_open else low <= value) or value > high):
+        if high < math.inf:
+            bounds = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        else:
+            bounds = f"{'>' if low_open else '>='} {low:g}"
+        raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
+    return float(value)
+
+
+def check_int(name: str, value, minimum: int) -> int:
+    """``value`` as an int, once it is an integer (not a bool, not a float) ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def check_ids(name: str, ids, size: int, shape: Optional[Sequence[int]]) -> None:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backends
+from ._checks import check_int
 from .backends.rows import gather_rows
 from .known import KnownPositives
 from .sampling import sample_history
@@ -29,8 +30,8 @@ class UserAwareAttention(nn.Module):
 
     def __init__(self, dim: int, history_len: int = 50):
         super().__init__()
-        self.dim = dim
-        self.history_len = history_len
+        self.dim = check_int("dim", dim, 1)
+        self.history_len = check_int("history_len", history_len, 1)
         scale = math.sqrt(2.0 / (dim + dim))  # xavier-normal std of a d x d matrix
         self.raw_w1 = nn.Parameter(_inverse_softplus(torch.randn(dim).abs() * scale + 1e-3))
         self.raw_w2 = nn.Parameter(_inverse_softplus(torch.randn(dim, dim).abs() * scale + 1e-3))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ._checks import check_int, check_real
 from .data import load_dataset, synthetic_dataset
 from .objectives import OBJECTIVES
 from .study import load_plan, run_study, write_summary
@@ -35,6 +36,18 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"pnn-fast: error: {message} (see --help)\n")
+
+
+def _checked(kind, check, name: str, **bounds):
+    """An argparse ``type``: the option's text as ``kind``, then ``check(name, value, **bounds)`` (a
+    check of :mod:`pnn_fast._checks`). The loss checks the same value, but only once the data are
+    loaded (and in ``compare``, after the losses before it have trained): this stops a bad value first."""
+    def parse(text: str):
+        try:
+            return check(name, kind(text), **bounds)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return parse
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
@@ -73,19 +86,25 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="a hyper-parameter of the chosen loss by name, e.g. candidates=16 (repeatable; "
                         "each loss's DEFAULTS in pnn_fast/objectives/<loss>.py)")
     g = p.add_argument_group("dns")
-    g.add_argument("--dns-candidates", type=int, default=OBJECTIVES["dns"].DEFAULTS["candidates"],
+    g.add_argument("--dns-candidates", type=_checked(int, check_int, "candidates", minimum=1),
+                   default=OBJECTIVES["dns"].DEFAULTS["candidates"],
                    help="M uniform candidates per row")
     g.add_argument("--dns-in-batch", action="store_true", help="hardest of the whole batch's positives instead")
     g = p.add_argument_group("pnn (ablations of the paper's Table 5 as switches)")
     g.add_argument("--pnn-sampled", action="store_true", help="sampled unlabeled candidates instead of in-batch")
-    g.add_argument("--pnn-candidates", type=int, default=pnn["candidates"], help="K sampled candidates per row")
-    g.add_argument("--alpha", type=float, default=pnn["alpha"], help="weight of L_constrain (0: w/o constrain)")
-    g.add_argument("--beta", type=float, default=pnn["beta"], help="weight of L_uniform (0: w/o uniform)")
+    g.add_argument("--pnn-candidates", type=_checked(int, check_int, "candidates", minimum=1),
+                   default=pnn["candidates"], help="K sampled candidates per row")
+    g.add_argument("--alpha", type=_checked(float, check_real, "alpha"), default=pnn["alpha"],
+                   help="weight of L_constrain (0: w/o constrain)")
+    g.add_argument("--beta", type=_checked(float, check_real, "beta"), default=pnn["beta"],
+                   help="weight of L_uniform (0: w/o uniform)")
     g.add_argument("--no-rank", action="store_true", help="drop L_rank (w/o rank)")
-    g.add_argument("--fixed-lambda", type=float, default=None, help="a fixed lambda instead of the attention (w/o ada)")
+    g.add_argument("--fixed-lambda", type=_checked(float, check_real, "fixed_lambda", high=1.0), default=None,
+                   help="a fixed lambda in [0, 1] instead of the attention (w/o ada)")
     g.add_argument("--no-warmup", action="store_true", help="lambda = 1: no BPR warm-up (w/o sem)")
     g.add_argument("--neg-size", default=pnn["neg_size"], help="'proportional', 'count' or an int")
-    g.add_argument("--history-len", type=int, default=pnn["history_len"])
+    g.add_argument("--history-len", type=_checked(int, check_int, "history_len", minimum=1),
+                   default=pnn["history_len"])
     g.add_argument("--backend", default=pnn["backend"], choices=["auto", "reference", "cpu", "cuda"],
                    help="kernels of dns and pnn")
 
@@ -164,7 +183,26 @@ def _loss_args(args) -> dict:
                  "backend": args.backend}
     else:
         named = {}
-    return {**named, **_parse_pairs("--loss-arg", args.loss_arg)}
+    pairs = _parse_pairs("--loss-arg", args.loss_arg)
+    if args.loss == "pnn" and "preset" in pairs:
+        # a preset sets every PNN argument but the backend: the flags' defaults give way to it,
+        # and a flag set to anything else contradicts it
+        defaults = _loss_args(_pnn_defaults(args))
+        changed = sorted(key for key in named if key != "backend" and named[key] != defaults[key])
+        if changed:
+            raise ValueError(f"--loss-arg preset={pairs['preset']} sets every PNN argument but backend; "
+                             f"drop the flags that set {changed}")
+        named = {"backend": args.backend}
+    return {**named, **pairs}
+
+
+def _pnn_defaults(args) -> argparse.Namespace:
+    """``args`` with every PNN flag at its default (and no --loss-arg)."""
+    parser = _Parser(add_help=False)
+    _add_train_args(parser)
+    defaults = vars(parser.parse_args([]))
+    return argparse.Namespace(**{**vars(args), **{k: v for k, v in defaults.items() if k != "loss"},
+                                 "loss": "pnn", "loss_arg": []})
 
 
 def _load_data(args):
@@ -226,7 +264,14 @@ def _compare(args) -> None:
 def _evaluate(args) -> None:
     state = torch.load(args.checkpoint, map_location=args.device, weights_only=False)
     config = load_config(state["config"], device=args.device)
-    trainer = Trainer(_load_data(args), config, Path(args.checkpoint).parent)
+    data = _load_data(args)
+    # the checkpoint's tables declare the id spaces; other data would fail deep in load_state_dict
+    trained = tuple(state["model"][f"{side}_embedding.weight"].shape[0] for side in ("user", "item"))
+    if trained != (data.num_users, data.num_items):
+        raise ValueError(f"--checkpoint {args.checkpoint} was trained on {trained[0]:,} users and {trained[1]:,} "
+                         f"items, but --data gives {data.num_users:,} and {data.num_items:,}; pass the data (and "
+                         f"--rating-threshold, --kcore) it was trained with")
+    trainer = Trainer(data, config, Path(args.checkpoint).parent)
     trainer.restore(state["best"]["state"] or {"model": state["model"], "objective": state["objective"]})
     metrics = trainer.evaluate_split(args.split_name)
     print(json.dumps(metrics, indent=2))

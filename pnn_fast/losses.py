@@ -6,7 +6,6 @@ score is an inner product can swap its loss for these.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple, Union
 
 import torch
@@ -14,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backends
-from ._checks import check_embedding, check_id_tensor, check_same, check_values, require_tensor, validate_batch
+from ._checks import (check_embedding, check_id_tensor, check_int, check_real, check_same, check_values,
+                      require_tensor, validate_batch)
 from .attention import UserAwareAttention
 from .distributed import gather_ids
 from .backends.rows import NORM_EPS
@@ -38,15 +38,17 @@ class PNNLoss(nn.Module):
     Args:
         known: each user's training items (:class:`KnownPositives`); never used as negatives.
         dim: embedding size d (for the attention's parameters).
-        alpha, beta: weights of L_constrain and L_uniform inside L_PNN.
-        noise_max: clamp noise magnitude is drawn U(0, noise_max) per coordinate.
-        neg_size: size of each row's negative class: "proportional", "count" or an int.
-        history_len: at most this many known items feed the user-aware attention.
-        uniform_t: the temperature t of L_uniform (the paper's 2).
+        alpha, beta: weights of L_constrain and L_uniform inside L_PNN (finite, >= 0).
+        noise_max: clamp noise magnitude is drawn U(0, noise_max) per coordinate (finite, >= 0).
+        neg_size: size of each row's negative class: "proportional", "count" or an int (below
+            ``num_candidates`` when that is set: the neutral class keeps at least one candidate).
+        history_len: at most this many known items feed the user-aware attention (>= 1).
+        uniform_t: the temperature t of L_uniform (the paper's 2; finite, > 0).
         uniform_normalize: L2-normalise the embeddings inside L_uniform.
         lambda_mode: "attention" (learned per user) or "fixed" (``fixed_lambda`` everywhere).
+        fixed_lambda: lambda of ``lambda_mode="fixed"``, in [0, 1].
         use_rank: keep L_rank (False gives the paper's "w/o rank" ablation).
-        rank_weight: the weight of L_rank inside L_PNN (the paper's 1).
+        rank_weight: the weight of L_rank inside L_PNN (the paper's 1; finite, >= 0).
         num_candidates: when set, a call without ``neg_items`` draws this many uniform unknown items
             per row as the candidates (:func:`pnn_fast.sampling.sample_unknown`); None: in-batch.
         num_hard_candidates: when set, a call without ``hard_candidates`` draws this many per row
@@ -84,28 +86,26 @@ class PNNLoss(nn.Module):
             raise ValueError(f"neg_size must be 'proportional', 'count' or an int >= 0, got {neg_size!r}")
         if lambda_mode not in ("attention", "fixed"):
             raise ValueError(f"lambda_mode must be 'attention' or 'fixed', got {lambda_mode!r}")
-        if not 0.0 <= fixed_lambda <= 1.0:
-            raise ValueError(f"fixed_lambda must lie in [0, 1], got {fixed_lambda!r}")
-        if not isinstance(history_len, int) or history_len <= 0:
-            raise ValueError(f"history_len must be a positive int, got {history_len!r}")
-        if noise_max < 0:
-            raise ValueError(f"noise_max must be >= 0, got {noise_max!r}")
-        if not rank_weight >= 0:
-            raise ValueError(f"rank_weight must be >= 0, got {rank_weight!r}")
+        check_int("history_len", history_len, 1)
         for name, count in (("num_candidates", num_candidates), ("num_hard_candidates", num_hard_candidates)):
             if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
                 raise ValueError(f"{name} must be None or an int >= 1, got {count!r}")
+        # k_b <= |U_b| - 1 <= K - 1 (the neutral class keeps one item): a larger neg_size is never honoured
+        if isinstance(neg_size, int) and num_candidates is not None and neg_size >= num_candidates:
+            raise ValueError(f"neg_size={neg_size} leaves no neutral class among num_candidates={num_candidates} "
+                             f"candidates; use at most {num_candidates - 1}")
         self.known = known
         self.dim = dim
-        self.alpha, self.beta = float(alpha), float(beta)
-        self.noise_max = float(noise_max)
+        # a negative weight makes its term a reward with no lower bound, and NaN poisons every step
+        self.alpha, self.beta = check_real("alpha", alpha), check_real("beta", beta)
+        self.noise_max = check_real("noise_max", noise_max)
         self.neg_size = neg_size
-        self.uniform_t = float(uniform_t)
+        self.uniform_t = check_real("uniform_t", uniform_t, low_open=True)
         self.uniform_normalize = uniform_normalize
         self.lambda_mode = lambda_mode
-        self.fixed_lambda = float(fixed_lambda)
+        self.fixed_lambda = check_real("fixed_lambda", fixed_lambda, high=1.0)
         self.use_rank = use_rank
-        self.rank_weight = float(rank_weight)
+        self.rank_weight = check_real("rank_weight", rank_weight)
         self.num_candidates, self.num_hard_candidates = num_candidates, num_hard_candidates
         self.candidates_across_ranks = bool(candidates_across_ranks)
         self.backend = backends.check_name(backend)
@@ -212,9 +212,7 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
         backend, validate: as :class:`PNNLoss`.
     Returns: 0-dim tensor.
     """
-    if isinstance(reg_weight, bool) or not isinstance(reg_weight, (int, float)) or not math.isfinite(reg_weight) \
-            or reg_weight < 0:
-        raise ValueError(f"reg_weight must be a finite number >= 0, got {reg_weight!r}")
+    reg_weight = check_real("reg_weight", reg_weight)
     require_tensor("user_table", user_table)
     check_embedding("user_table", user_table, rows=None, dim=user_table.shape[-1] if user_table.dim() == 2 else -1)
     check_id_tensor("users", users, None)
@@ -224,7 +222,7 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     neg = _check_bpr_ids("user_table", user_table, item_table, users.numel(), pos_items, neg_items, validate,
                          extra=[("users", users, user_table.shape[0])])
     impl = backends.select(backends.check_name(backend), user_table.device)
-    return impl.embedding_bpr(user_table, item_table, users, pos_items, neg, float(reg_weight))
+    return impl.embedding_bpr(user_table, item_table, users, pos_items, neg, reg_weight)
 
 
 class BPRLoss(nn.Module):

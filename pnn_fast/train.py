@@ -27,6 +27,7 @@ from torch.optim.adam import adam as functional_adam
 from tqdm.auto import tqdm
 
 from . import distributed
+from ._checks import check_real
 from ._extension import build_info
 from ._version import __version__
 from .data import Dataset
@@ -62,10 +63,11 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("dim", "epochs", "batch_size", "patience", "eval_batch_size"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
-        if self.lr <= 0 or self.reg_weight < 0:
-            raise ValueError(f"lr must be > 0 and reg_weight >= 0, got lr={self.lr}, reg_weight={self.reg_weight}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_real("lr", self.lr, low_open=True)
+        check_real("reg_weight", self.reg_weight)
         metric, _, k = self.valid_metric.partition("@")
         if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit():
             raise ValueError(f"valid_metric must look like 'ndcg@20', got {self.valid_metric!r}")

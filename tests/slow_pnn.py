@@ -96,8 +96,11 @@ def slow_lambda(attention, user_emb, item_table, users, sets):
     return lams
 
 
-def slow_loss(rows, uniform, lams, alpha, beta):
-    per_row = [(1 - lam) * bpr + lam * (alpha * con + beta * uniform + rank)
+def slow_loss(rows, uniform, lams, alpha, beta, use_rank=True, rank_weight=1.0):
+    """The mean over valid rows of (1 - lambda) L_BPR + lambda L_PNN; ``use_rank=False`` drops L_rank
+    (the paper's "w/o rank"), ``rank_weight`` scales it."""
+    rank_scale = rank_weight if use_rank else 0.0
+    per_row = [(1 - lam) * bpr + lam * (alpha * con + beta * uniform + rank_scale * rank)
                for bpr, rank, con, lam, ok in zip(rows["bpr"], rows["rank"], rows["constrain"], lams, rows["valid"]) if ok]
     if not per_row:
         return uniform * 0

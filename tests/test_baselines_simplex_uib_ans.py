@@ -1,11 +1,12 @@
 """SimpleX, UIB and ANS objectives: each loss against a slow loop over its equations, finite
 gradients for every parameter, argument errors, resume equality, and a short real-data run that
-beats the most-popular ranking on NDCG@20."""
+beats the most-popular ranking on NDCG@20 and reaches nearly BPR's."""
 import math
 
 import pytest
 import torch
 from conftest import data_path
+from test_train import assert_reaches_bpr, bpr_twin_ndcg, popularity_ndcg
 
 from pnn_fast.data import load_dataset, synthetic_dataset
 from pnn_fast.eval import evaluate
@@ -52,19 +53,36 @@ def tiny_batch(num_negatives, seed=1):
 
 
 def vec_cos(a, b):
-    return float(a @ b) / (float(a.norm()) * float(b.norm()))
+    return a @ b / (a.norm() * b.norm())
 
 
 def softplus(x):
-    return math.log1p(math.exp(x))
+    return torch.log1p(torch.exp(x))
+
+
+def trainable(model, obj) -> list:
+    """The parameters a loss can reach: the model's tables and the objective's own."""
+    return [model.user_embedding.weight, model.item_embedding.weight, *obj.parameters()]
+
+
+def assert_same_value_and_gradients(got, want, params):
+    """``got`` equals ``want`` (two scalars), and so do their gradients w.r.t. each of ``params``."""
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    got_grads = torch.autograd.grad(got, params, allow_unused=True)
+    want_grads = torch.autograd.grad(want, params, allow_unused=True)
+    for k, (g, w) in enumerate(zip(got_grads, want_grads)):
+        assert (g is None) == (w is None), k
+        if g is not None:
+            torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-12, msg=lambda m, k=k: f"parameter {k}: {m}")
+    assert got_grads[1].abs().sum() > 0  # the item table's gradient
 
 
 # ---- SimpleX -----------------------------------------------------------------------------
 def simplex_loop(obj, model, users, pos, neg):
-    """CCL with the user tower, one row and one negative at a time (no padding, no masks)."""
+    """CCL with the user tower, one row and one negative at a time (no padding, no masks): a torch
+    scalar of the model's and the objective's parameters, for gradients."""
     a = obj.args
-    U, I = model.user_embedding.weight.detach(), model.item_embedding.weight.detach()
-    V = obj.W_v.weight.detach()
+    U, I = model.user_embedding.weight, model.item_embedding.weight
     total = 0.0
     for b in range(users.numel()):
         u = int(users[b])
@@ -75,16 +93,14 @@ def simplex_loop(obj, model, users, pos, neg):
         elif a["aggregator"] == "mean":
             pooled = sum(I[i] for i in hist) / len(hist)
         else:
-            Wk, bk = obj.W_k.weight.detach(), obj.W_k.bias.detach()
-            query = e_u if a["aggregator"] == "user_attention" else obj.W_q.detach()[:, 0]
-            logits = [float(query @ torch.tanh(Wk @ I[i] + bk)) for i in hist]
-            z = sum(math.exp(x) for x in logits)
-            pooled = sum(math.exp(x) / z * I[i] for x, i in zip(logits, hist))
-        t = a["gamma"] * e_u + (1 - a["gamma"]) * (V @ pooled)
-        row = max(0.0, 1.0 - vec_cos(t, I[int(pos[b])]))
-        negs = [max(0.0, vec_cos(t, I[int(j)]) - a["margin"]) for j in neg[b]]
-        row += a["negative_weight"] * sum(negs) / len(negs)
-        total += row
+            query = e_u if a["aggregator"] == "user_attention" else obj.W_q[:, 0]
+            logits = torch.stack([query @ torch.tanh(obj.W_k.weight @ I[i] + obj.W_k.bias) for i in hist])
+            weights = torch.exp(logits) / torch.exp(logits).sum()
+            pooled = sum(w * I[i] for w, i in zip(weights, hist))
+        t = a["gamma"] * e_u + (1 - a["gamma"]) * (obj.W_v.weight @ pooled)
+        row = torch.clamp(1.0 - vec_cos(t, I[int(pos[b])]), min=0.0)
+        negs = [torch.clamp(vec_cos(t, I[int(j)]) - a["margin"], min=0.0) for j in neg[b]]
+        total = total + row + a["negative_weight"] * sum(negs) / len(negs)
     return total / users.numel()
 
 
@@ -97,7 +113,7 @@ def test_simplex_loss_matches_its_equations(aggregator, num_negatives):
     users, pos, neg = tiny_batch(num_negatives)
     got = obj.batch_loss(*model.embeddings(), users, pos, neg)
     assert got.dtype == torch.float64
-    assert float(got.detach()) == pytest.approx(simplex_loop(obj, model, users, pos, neg), rel=1e-10, abs=1e-12)
+    assert_same_value_and_gradients(got, simplex_loop(obj, model, users, pos, neg), trainable(model, obj))
 
 
 def test_simplex_mean_paths_agree_and_history_holds_known_items():
@@ -144,18 +160,19 @@ def test_simplex_scoring_tables_are_unit_towers():
 
 # ---- UIB ---------------------------------------------------------------------------------
 def uib_loop(obj, model, users, pos, neg):
-    U, I = model.user_embedding.weight.detach(), model.item_embedding.weight.detach()
-    W = obj.boundary.weight.detach()
+    """UIB one row and one negative at a time: a torch scalar, for gradients."""
+    U, I = model.user_embedding.weight, model.item_embedding.weight
+    W = obj.boundary.weight
     alpha, total = obj.args["alpha"], 0.0
     for b in range(users.numel()):
         u = int(users[b])
         if obj.args["boundary"] == "embed":
-            bound = float(W[u, 0])
+            bound = W[u, 0]
         else:
-            bound = float(W[0] @ U[u] + obj.boundary.bias.detach()[0])
-        row = (1 - alpha) * softplus(bound - float(U[u] @ I[int(pos[b])]))
-        row += alpha * sum(softplus(float(U[u] @ I[int(j)]) - bound) for j in neg[b]) / neg.shape[1]
-        total += row
+            bound = W[0] @ U[u] + obj.boundary.bias[0]
+        row = (1 - alpha) * softplus(bound - U[u] @ I[int(pos[b])])
+        row = row + alpha * sum(softplus(U[u] @ I[int(j)] - bound) for j in neg[b]) / neg.shape[1]
+        total = total + row
     return total / users.numel()
 
 
@@ -166,64 +183,75 @@ def test_uib_loss_matches_its_equations(boundary, num_negatives):
     obj = build_objective("uib", known, model, boundary=boundary, alpha=0.3).double().eval()
     users, pos, neg = tiny_batch(num_negatives)
     got = obj.batch_loss(*model.embeddings(), users, pos, neg)
-    assert float(got.detach()) == pytest.approx(uib_loop(obj, model, users, pos, neg), rel=1e-10, abs=1e-12)
+    assert_same_value_and_gradients(got, uib_loop(obj, model, users, pos, neg), trainable(model, obj))
 
 
 # ---- ANS ---------------------------------------------------------------------------------
 def ans_loop(obj, model, users, pos, neg, noise):
-    """The official forward written out for one row and one candidate at a time."""
-    U, I = model.user_embedding.weight.detach(), model.item_embedding.weight.detach()
-    Wu, cu = obj.user_gate.weight.detach(), obj.user_gate.bias.detach()
-    Wi, ci = obj.item_gate.weight.detach(), obj.item_gate.bias.detach()
-    wm, cm = obj.margin_model.weight.detach()[0], float(obj.margin_model.bias.detach()[0])
+    """The official forward written out for one row and one candidate at a time: the loss (a torch
+    scalar, for gradients) and each row's chosen candidate, found by a running maximum."""
+    U, I = model.user_embedding.weight, model.item_embedding.weight
+    Wu, cu = obj.user_gate.weight, obj.user_gate.bias
+    Wi, ci = obj.item_gate.weight, obj.item_gate.bias
+    wm, cm = obj.margin_model.weight[0], obj.margin_model.bias[0]
     eps, gamma, scale = obj.args["eps"], obj.args["gamma"], obj.args["noise_scale"]
     B, M = neg.shape
     bpr = sns = dist = orth = 0.0
+    choices = []
     for b in range(B):
         e_u, e_p = U[int(users[b])], I[int(pos[b])]
-        best, best_value, exp_sum = None, -math.inf, 0.0
+        best, best_k, best_value, exp_sum = None, None, -math.inf, 0.0
         for k in range(M):
             e_n = I[int(neg[b, k])]
             gate = torch.sigmoid((Wi @ e_n + ci) * (Wu @ e_u + cu))
             n_hard, p_hard = gate * e_n, gate * e_p
             n_easy, p_easy = e_n - n_hard, e_p - p_hard
-            dist += float((n_hard - p_hard + 1e-6).norm()) / (B * M)
-            orth += float((p_easy * n_easy).norm()) / (B * M)
-            margin = 1 / (1 + math.exp(-1 / (float(wm @ (n_hard * p_hard)) + cm)))
+            dist = dist + (n_hard - p_hard + 1e-6).norm() / (B * M)
+            orth = orth + (p_easy * n_easy).norm() / (B * M)
+            margin = 1 / (1 + torch.exp(-1 / (wm @ (n_hard * p_hard) + cm)))
             step = noise[b, k] / noise[b, k].norm() * margin * scale
             augmented = n_hard + n_easy + torch.sign(p_easy - n_easy) * step
-            s_aug = float(e_u @ augmented)
-            value = s_aug + eps * (s_aug - float(e_u @ e_n))
+            s_aug = e_u @ augmented
+            value = float((s_aug + eps * (s_aug - e_u @ e_n)).detach())
             if value > best_value:
-                best, best_value = augmented, value
-            exp_sum += math.exp(float(e_u @ n_easy) - float(e_u @ n_hard))
-        sns += math.log(1 + exp_sum) / B
-        bpr += softplus(float(e_u @ best) - float(e_u @ e_p)) / B
-    return bpr + gamma * (sns + dist + orth)
+                best, best_k, best_value = augmented, k, value
+            exp_sum = exp_sum + torch.exp(e_u @ n_easy - e_u @ n_hard)
+        choices.append(best_k)
+        sns = sns + torch.log(1 + exp_sum) / B
+        bpr = bpr + softplus(e_u @ best - e_u @ e_p) / B
+    return bpr + gamma * (sns + dist + orth), choices
+
+
+def spread_ans(obj):
+    """Larger weights than torch's init, so that the gates spread out."""
+    for p in obj.parameters():
+        torch.nn.init.normal_(p, std=0.8)
+    return obj
 
 
 @pytest.mark.parametrize("candidates", [1, 4])
 def test_ans_loss_matches_its_equations(candidates):
     known, model = tiny()
-    obj = build_objective("ans", known, model, eps=0.7, gamma=0.3).double()
-    for p in obj.parameters():  # larger weights than torch's init so the gates spread out
-        torch.nn.init.normal_(p, std=0.8)
+    obj = spread_ans(build_objective("ans", known, model, eps=0.7, gamma=0.3).double())
     users, pos, neg = tiny_batch(candidates)
     noise = torch.rand(*neg.shape, DIM, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     got = obj.combine(obj.batch_terms(*model.embeddings(), users, pos, neg, noise))
-    assert float(got.detach()) == pytest.approx(ans_loop(obj, model, users, pos, neg, noise), rel=1e-10, abs=1e-12)
+    want, _ = ans_loop(obj, model, users, pos, neg, noise)
+    assert_same_value_and_gradients(got, want, trainable(model, obj))
 
 
 def test_ans_picks_the_augmented_candidate_with_the_highest_score_plus_gain():
     known, model = tiny()
-    obj = build_objective("ans", known, model, eps=2.0).double()
+    # a large eps, so that the gain overturns the plain score's choice in some rows
+    obj = spread_ans(build_objective("ans", known, model, eps=100.0).double())
     users, pos, neg = tiny_batch(5)
     noise = torch.rand(*neg.shape, DIM, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     terms = obj.batch_terms(*model.embeddings(), users, pos, neg, noise)
-    user, raw = model.user_embedding.weight[users], model.item_embedding.weight[neg]
-    aug_scores = (user[:, None] * terms["augmented"]).sum(-1)
-    value = aug_scores + 2.0 * (aug_scores - (user[:, None] * raw).sum(-1))
-    assert torch.equal(terms["choice"], value.argmax(1))
+    _, choices = ans_loop(obj, model, users, pos, neg, noise)
+    assert terms["choice"].tolist() == choices
+    obj.args["eps"] = 0.0
+    _, by_score_only = ans_loop(obj, model, users, pos, neg, noise)
+    assert by_score_only != choices  # so the test tells the rule from a plain argmax of the score
 
 
 # ---- all three: gradients, arguments, resume -----------------------------------------------
@@ -285,27 +313,22 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path, loss):
     assert [h["loss"] for h in resumed["epochs"]] == [h["loss"] for h in straight["epochs"]]
 
 
-# ---- a short real run beats most-popular ----------------------------------------------------
-def popularity_ndcg(data):
-    pop = torch.bincount(data.train[1], minlength=data.num_items).double()[:, None]
-    return evaluate(torch.ones(data.num_users, 1, dtype=torch.float64), pop, data.test, [data.train, data.valid],
-                    ks=(20,))["ndcg@20"]
-
-
+# ---- a short real run beats most-popular and nearly BPR -------------------------------------
 @pytest.fixture(scope="module")
 def ml100k():
     return load_dataset(data_path("ml-100k"), split="rs", seed=2020)
 
 
 @pytest.mark.parametrize("loss, epochs", [("uib", 4), ("ans", 3)])
-def test_short_run_on_ml100k_beats_most_popular(tmp_path, ml100k, loss, epochs):
+def test_short_run_on_ml100k_beats_most_popular_and_nearly_bpr(tmp_path, ml100k, loss, epochs):
     config = TrainConfig(loss=loss, epochs=epochs, batch_size=1024, lr=0.01, reg_weight=0.0, dim=32, patience=100)
     results = run(ml100k, config, tmp_path, progress=False, log=lambda *_: None)
     baseline = popularity_ndcg(ml100k)
     assert results["test"]["ndcg@20"] > baseline, (results["test"]["ndcg@20"], baseline)
+    assert_reaches_bpr(results["test"]["ndcg@20"], bpr_twin_ndcg(ml100k, config, tmp_path / "bpr"))
 
 
-def test_short_simplex_run_on_ml100k_beats_most_popular_when_scored_by_its_tower(tmp_path, ml100k):
+def test_short_simplex_run_on_ml100k_beats_most_popular_and_nearly_bpr_when_scored_by_its_tower(tmp_path, ml100k):
     # fewer negatives than the authors' 1500 keep the CPU run short; the loss is otherwise the default
     config = TrainConfig(loss="simplex", epochs=3, batch_size=1024, lr=0.01, reg_weight=0.0, dim=32,
                          loss_args={"num_negatives": 200})
@@ -318,3 +341,4 @@ def test_short_simplex_run_on_ml100k_beats_most_popular_when_scored_by_its_tower
     ndcg = evaluate(users, items, trainer.held_out["test"], exclude, ks=(20,))["ndcg@20"]
     baseline = popularity_ndcg(ml100k)
     assert ndcg > baseline, (ndcg, baseline)
+    assert_reaches_bpr(ndcg, bpr_twin_ndcg(ml100k, config, tmp_path / "bpr"))

@@ -1,16 +1,16 @@
 """SL (sampled softmax) objective: the loss against a per-row loop over its equation on both backends,
 matching gradients, negatives that are never known positives, argument errors, cosine scoring tables,
-and a short ml-100k run that beats the most-popular ranking on NDCG@20."""
+and a short ml-100k run that beats the most-popular ranking on NDCG@20 and reaches nearly BPR's."""
 import math
 
 import pytest
 import torch
 from conftest import data_path
+from test_train import assert_reaches_bpr, bpr_twin_ndcg, popularity_ndcg
 
 from pnn_fast import _extension
 from pnn_fast.objectives.sl import sampled_softmax_loss
 from pnn_fast.data import load_dataset
-from pnn_fast.eval import evaluate
 from pnn_fast.known import KnownPositives
 from pnn_fast.sampling import sample_unknown
 from pnn_fast.models import build_model
@@ -158,6 +158,8 @@ def test_neutral_weight_down_weights_all_but_the_lowest_scored_negatives(backend
     ("temperature", "hot"), ("temperature", True),
     ("num_negatives", 0), ("num_negatives", -3), ("num_negatives", 2.5), ("backend", "gpu"),
     ("neutral_weight", 0.0), ("neutral_weight", 1.5),
+    # num_negatives is 800: at most 799 of them can be in the negative class
+    ("neg_size", 800), ("neg_size", -1), ("neg_size", "all"), ("neg_size", True),
 ])
 def test_bad_arguments_are_value_errors_naming_the_argument(name, value):
     known, model = tiny()
@@ -178,14 +180,8 @@ def test_scoring_tables_give_the_trained_cosines():
     torch.testing.assert_close(users_unit @ items_unit.T, expected)
 
 
-# ---- a short real run beats most-popular ----------------------------------------------------
-def popularity_ndcg(data):
-    pop = torch.bincount(data.train[1], minlength=data.num_items).double()[:, None]
-    return evaluate(torch.ones(data.num_users, 1, dtype=torch.float64), pop, data.test, [data.train, data.valid],
-                    ks=(20,))["ndcg@20"]
-
-
-def test_short_run_on_ml100k_beats_most_popular(tmp_path):
+# ---- a short real run beats most-popular and nearly BPR -------------------------------------
+def test_short_run_on_ml100k_beats_most_popular_and_nearly_bpr(tmp_path):
     data = load_dataset(data_path("ml-100k"), split="rs", seed=2020)
     # fewer negatives and a larger step than the defaults keep the CPU run short
     config = TrainConfig(loss="sl", epochs=3, batch_size=1024, lr=0.01, dim=32, patience=100,
@@ -193,3 +189,4 @@ def test_short_run_on_ml100k_beats_most_popular(tmp_path):
     results = run(data, config, tmp_path, progress=False, log=lambda *_: None)
     baseline = popularity_ndcg(data)
     assert results["test"]["ndcg@20"] > baseline, (results["test"]["ndcg@20"], baseline)
+    assert_reaches_bpr(results["test"]["ndcg@20"], bpr_twin_ndcg(data, config, tmp_path / "bpr"))

@@ -1,5 +1,5 @@
 """SRNS and MixGCF objectives: against hand-written per-row loops of their equations, gradients,
-argument errors, resume, and a short ml-100k run against the most-popular baseline."""
+argument errors, resume, and a short ml-100k run against the most-popular baseline and BPR."""
 import itertools
 import math
 import statistics
@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 from conftest import data_path
-from test_train import popularity_ndcg
+from test_train import BelowBPR, assert_reaches_bpr, bpr_twin_ndcg, popularity_ndcg
 
 from pnn_fast.objectives.mixgcf import MixGCFObjective, model_layers
 from pnn_fast.objectives.srns import SRNSObjective, gumbel_top_k, select_negative
@@ -306,8 +306,13 @@ def test_resume_gives_the_same_result(tmp_path, loss, model):
     assert resumed["test"] == straight["test"]
 
 
-@pytest.mark.parametrize("loss, model", [("srns", "mf"), ("mixgcf", "lightgcn")])
-def test_short_run_on_ml100k_beats_most_popular(tmp_path, loss, model):
+@pytest.mark.parametrize("loss, model", [
+    ("srns", "mf"),
+    pytest.param("mixgcf", "lightgcn", marks=pytest.mark.xfail(
+        raises=BelowBPR, strict=True, reason="MixGCF reaches 0.87 x BPR on LightGCN here (NDCG@20 0.210 against "
+        "0.242; 8 epochs: 0.210 against 0.265)")),
+])
+def test_short_run_on_ml100k_beats_most_popular_and_nearly_bpr(tmp_path, loss, model):
     data = load_dataset(data_path("ml-100k"), split="rs", seed=2020)
     config = TrainConfig(loss=loss, model=model, epochs=4, batch_size=1024, lr=0.01, reg_weight=0.0, dim=32,
                          patience=100)
@@ -315,7 +320,9 @@ def test_short_run_on_ml100k_beats_most_popular(tmp_path, loss, model):
     torch.set_num_threads(1)  # small matrices: extra threads only add contention on a shared machine
     try:
         results = run(data, config, tmp_path, progress=False, log=lambda *_: None)
+        bpr_ndcg = bpr_twin_ndcg(data, config, tmp_path / "bpr")
     finally:
         torch.set_num_threads(threads)
     baseline = popularity_ndcg(data)
     assert results["test"]["ndcg@20"] > baseline, (results["test"]["ndcg@20"], baseline)
+    assert_reaches_bpr(results["test"]["ndcg@20"], bpr_ndcg)

@@ -78,6 +78,16 @@ def test_lightgcn_pair_in_two_files_stays_in_the_earliest(tmp_path):
     assert original_pairs(ds, "train") == {(0, 1), (0, 2)}
     assert original_pairs(ds, "valid") == {(0, 3)}
     assert original_pairs(ds, "test") == {(0, 4)}
+    # 8 interactions, 4 pairs: (0, 1) twice in train and once in test, (0, 2) and (0, 3) twice each
+    assert ds.duplicates == 4 and ds.summary().endswith("; 4 duplicate (user, item) pairs dropped")
+
+
+def test_duplicates_are_counted_after_the_rating_threshold(tmp_path):
+    path = write(tmp_path, "r.csv", "user,item,rating\n1,2,5\n1,2,4\n1,3,1\n1,3,1\n2,2,5\n1,2,5\n")
+    assert load_dataset(path, split="rs", ratios=(1, 0, 0)).duplicates == 3
+    kept = load_dataset(path, split="rs", ratios=(1, 0, 0), rating_threshold=4)
+    assert kept.duplicates == 2 and "2 duplicate (user, item) pairs dropped" in kept.summary()
+    assert sorted(all_pairs(kept)) == [(1, 2), (2, 2)]
 
 
 def test_lightgcn_without_valid_carves_valid_out_of_train(tmp_path):
@@ -192,6 +202,8 @@ MALFORMED = [
     ("d.inter", "\nuser_id:token\titem_id:token\n", 1, "missing header"),
     ("ratings.dat", "1::2::3::4\n1::2::3\n", 2, "expected 4 fields"),
     ("ratings.dat", "1::2::3::4\n1::2::3::later\n", 2, "timestamp 'later' is not a number"),
+    ("ratings.dat", "1::2::3::4\n\nu7::2::3::4\n", 3, "user id 'u7' is not a non-negative integer"),
+    ("ratings.dat", "1::2::3::4\n1::-2::3::4\n", 2, "item id '-2' is not a non-negative integer"),
     ("e.csv", "1,2\n3,4\n5\n", 3, "expected 2 fields"),
     ("e.csv", "1,2,3,4,5\n", 1, "expected user,item"),
     ("e.csv", "user,item,rating\n1,2,3\n3,,4\n", 3, "empty item id"),

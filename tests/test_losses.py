@@ -1,13 +1,13 @@
 """pnn_fast.losses: PNNLoss against the slow per-row loop of tests/slow_pnn.py (terms, loss and
-gradients, edge rows, gradcheck, hard_candidates, rank_weight), its argument checks, and on the
-fused kernels its bit-reproducibility and torch.compile; BPRLoss, embedding_bpr and DNSLoss
-against their formulas and each other."""
+gradients, edge rows, the ablation switches, gradcheck, hard_candidates, rank_weight), its argument
+checks, and on the fused kernels the reference's loss and gradients, bit-reproducibility and
+torch.compile; BPRLoss, embedding_bpr and DNSLoss against their formulas and each other."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from batches import DEVICES, bpr_inputs, make_batch, requires_kernels, under_thread_counts
-from pnn_fast import BPRLoss, DNSLoss, KnownPositives, PNNLoss, embedding_bpr
+from batches import DEVICES, TOLERANCE, bpr_inputs, make_batch, requires_kernels, under_thread_counts
+from pnn_fast import BPRLoss, DNSLoss, KnownPositives, PNNLoss, UserAwareAttention, embedding_bpr
 from slow_pnn import known_sets, slow_lambda, slow_loss, slow_rows, slow_uniform
 
 CUDA = "cuda" in DEVICES
@@ -33,10 +33,12 @@ def make_problem(seed, batch=24, num_users=9, num_items=30, dim=5, known_per_use
                 item_table=item_table, neg=neg, noise=noise, num_items=num_items, dim=dim)
 
 
-def run_both(p, neg_size, lambda_mode="fixed", alpha=0.8, beta=0.6):
+def run_both(p, neg_size, lambda_mode="fixed", alpha=0.8, beta=0.6, **switches):
+    """PNNLoss (reference backend) and the slow loop on problem ``p``; ``switches`` are PNNLoss's
+    ablation arguments (use_rank, rank_weight, uniform_t, uniform_normalize), given to both."""
     torch.manual_seed(0)
     loss_fn = PNNLoss(p["known"], p["dim"], alpha=alpha, beta=beta, neg_size=neg_size, lambda_mode=lambda_mode,
-                      fixed_lambda=0.3, history_len=1000, backend="reference").double()
+                      fixed_lambda=0.3, history_len=1000, backend="reference", **switches).double()
     ue = p["user_emb"].clone().requires_grad_()
     it = p["item_table"].clone().requires_grad_()
     loss, comp = loss_fn(ue, it, p["users"], p["pos"], p["neg"], noise=p["noise"], return_components=True)
@@ -45,23 +47,24 @@ def run_both(p, neg_size, lambda_mode="fixed", alpha=0.8, beta=0.6):
     it2 = p["item_table"].clone().requires_grad_()
     cands = p["pos"] if p["neg"] is None else p["neg"]
     rows = slow_rows(ue2, it2, p["users"], p["pos"], cands, p["sets"], p["num_items"], neg_size, *p["noise"])
-    uniform = slow_uniform(it2, cands, 2.0, True)
+    uniform = slow_uniform(it2, cands, switches.get("uniform_t", 2.0), switches.get("uniform_normalize", True))
     if lambda_mode == "fixed":
         lams = [torch.tensor(0.3, dtype=torch.float64)] * p["users"].numel()
     else:
         lams = slow_lambda(loss_fn.attention, ue2, it2, p["users"], p["sets"])
-    slow = slow_loss(rows, uniform, lams, alpha, beta)
+    slow = slow_loss(rows, uniform, lams, alpha, beta, switches.get("use_rank", True),
+                     switches.get("rank_weight", 1.0))
     return (loss, comp, ue, it), (slow, rows, uniform, lams, ue2, it2)
 
 
-@pytest.mark.parametrize("neg_size", NEG_SIZES)
-@pytest.mark.parametrize("k", [None, 8])
-@pytest.mark.parametrize("lambda_mode", ["fixed", "attention"])
-def test_components_loss_and_grads_match_slow_loop(neg_size, k, lambda_mode):
-    p = make_problem(seed=hash((str(neg_size), k, lambda_mode)) % 1000, k=k)
-    (loss, comp, ue, it), (slow, rows, uniform, lams, ue2, it2) = run_both(p, neg_size, lambda_mode)
-    for key in ("bpr", "rank", "constrain"):
-        torch.testing.assert_close(comp[key], torch.stack(rows[key]).reshape(-1), rtol=1e-10, atol=1e-12, msg=key)
+def assert_matches_slow_loop(p, neg_size, lambda_mode="fixed", **switches) -> dict:
+    """Components, loss and both gradients of PNNLoss equal the slow loop's on ``p``; returns the components."""
+    (loss, comp, ue, it), (slow, rows, uniform, lams, ue2, it2) = run_both(p, neg_size, lambda_mode, **switches)
+    # the rank component is L_rank as it enters L_PNN: scaled by rank_weight, zero without use_rank
+    rank_scale = switches.get("rank_weight", 1.0) if switches.get("use_rank", True) else 0.0
+    want = {"bpr": rows["bpr"], "rank": [rank_scale * r for r in rows["rank"]], "constrain": rows["constrain"]}
+    for key, value in want.items():
+        torch.testing.assert_close(comp[key], torch.stack(value).reshape(-1), rtol=1e-10, atol=1e-12, msg=key)
     for key in ("hard_negative", "num_negative", "num_neutral"):
         assert comp[key].tolist() == rows[key], key
     assert comp["valid"].tolist() == rows["valid"]
@@ -72,12 +75,32 @@ def test_components_loss_and_grads_match_slow_loop(neg_size, k, lambda_mode):
     slow.backward()
     torch.testing.assert_close(ue.grad, ue2.grad, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(it.grad, it2.grad, rtol=1e-8, atol=1e-10)
+    return comp
+
+
+@pytest.mark.parametrize("neg_size", NEG_SIZES)
+@pytest.mark.parametrize("k", [None, 8])
+@pytest.mark.parametrize("lambda_mode", ["fixed", "attention"])
+def test_components_loss_and_grads_match_slow_loop(neg_size, k, lambda_mode):
+    # a fixed seed per case, so that a failure reproduces (hash() of a str changes with every process)
+    seed = 100 * NEG_SIZES.index(neg_size) + 10 * (k is not None) + (lambda_mode == "attention")
+    assert_matches_slow_loop(make_problem(seed=seed, k=k), neg_size, lambda_mode)
+
+
+@pytest.mark.parametrize("switches", [dict(use_rank=False), dict(rank_weight=2.5), dict(uniform_t=0.5),
+                                      dict(uniform_normalize=False)], ids=lambda s: "-".join(map(str, s.items())))
+@pytest.mark.parametrize("k", [None, 8])
+def test_ablation_switches_match_slow_loop(switches, k):
+    """The paper's "w/o rank" (use_rank=False), rank_weight, and L_uniform's temperature and
+    normalisation, on in-batch and sampled candidates, with the attention's lambda."""
+    assert_matches_slow_loop(make_problem(seed=40 + (k is not None), k=k), "proportional", "attention", **switches)
 
 
 def test_problem_exercises_edge_rows():
-    """The random problems above do contain rows with 0, 1 and many unlabeled candidates."""
+    """Rows with 0, 1 and 2 unlabeled candidates (no class, a neutral class only, both classes)
+    give the slow loop's values and gradients."""
     p = make_problem(seed=3, k=2, known_per_user=20)
-    _, comp, *_ = run_both(p, "proportional")[0]
+    comp = assert_matches_slow_loop(p, "proportional")
     n_unl = comp["num_negative"] + comp["num_neutral"]
     assert (n_unl == 0).any() and (n_unl == 1).any() and (n_unl == 2).any()
 
@@ -174,7 +197,9 @@ def test_noise_is_drawn_in_range_when_not_given():
     _, comp = loss_fn(p["user_emb"], p["item_table"], p["users"], p["pos"], p["neg"], return_components=True)
     has_neg = comp["num_negative"] > 0
     assert torch.all(comp["constrain"][has_neg] > 0)
-    assert torch.all(comp["constrain"] <= 4 * 0.1 ** 2 * p["dim"])
+    # constrain = ||n_pos * u - n_neg * v||^2 with unit u, v and noise coordinates in [0, noise_max):
+    # ||n * u|| <= noise_max ||u|| = noise_max, so by the triangle inequality it is at most (2 noise_max)^2
+    assert torch.all(comp["constrain"] <= 4 * 0.1 ** 2)
 
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("cpu", marks=requires_kernels)])
@@ -258,10 +283,23 @@ def test_bad_input_names_the_argument(small_pnn, override, error, name):
         call_loss(loss_fn, args, **override)
 
 
+NAN, INF = float("nan"), float("inf")
+
+
 @pytest.mark.parametrize("kwargs, name", [
     (dict(neg_size="all"), "neg_size"), (dict(neg_size=-1), "neg_size"), (dict(lambda_mode="x"), "lambda_mode"),
     (dict(fixed_lambda=1.5), "fixed_lambda"), (dict(history_len=0), "history_len"), (dict(backend="gpu"), "backend"),
     (dict(noise_max=-0.1), "noise_max"),
+    # a negative or non-finite weight makes the loss unbounded below or NaN: refused, never trained on
+    (dict(alpha=-1.0), "alpha"), (dict(alpha=NAN), "alpha"), (dict(alpha=INF), "alpha"), (dict(alpha="0.8"), "alpha"),
+    (dict(beta=-0.1), "beta"), (dict(beta=NAN), "beta"), (dict(noise_max=NAN), "noise_max"),
+    (dict(noise_max=INF), "noise_max"), (dict(fixed_lambda=-0.5), "fixed_lambda"),
+    (dict(fixed_lambda=NAN), "fixed_lambda"), (dict(rank_weight=INF), "rank_weight"),
+    (dict(uniform_t=0.0), "uniform_t"), (dict(uniform_t=NAN), "uniform_t"),
+    (dict(history_len=-3), "history_len"), (dict(history_len=2.5), "history_len"),
+    # at most K - 1 of K candidates can be negative: the neutral class keeps one
+    (dict(neg_size=8, num_candidates=8), "neg_size=8 leaves no neutral class among num_candidates=8"),
+    (dict(neg_size=9, num_candidates=8), "neg_size"),
 ])
 def test_bad_constructor_argument(kwargs, name):
     known = KnownPositives.from_pairs(torch.tensor([0]), torch.tensor([0]), 1, 2)
@@ -271,6 +309,15 @@ def test_bad_constructor_argument(kwargs, name):
         PNNLoss(known, 0)
     with pytest.raises(TypeError, match="known"):
         PNNLoss("not known", 4)
+
+
+def test_boundary_constructor_arguments_are_accepted():
+    known = KnownPositives.from_pairs(torch.tensor([0]), torch.tensor([0]), 1, 2)
+    loss_fn = PNNLoss(known, 4, alpha=0, beta=0.0, noise_max=0.0, rank_weight=0.0, fixed_lambda=1, history_len=1,
+                      neg_size=7, num_candidates=8)
+    assert (loss_fn.alpha, loss_fn.fixed_lambda, loss_fn.attention.history_len) == (0.0, 1.0, 1)
+    with pytest.raises(ValueError, match="history_len"):
+        UserAwareAttention(4, history_len=0)
 
 
 def test_backend_for_wrong_device_is_refused(small_pnn):
@@ -289,7 +336,33 @@ def test_int32_ids_give_the_same_loss(small_pnn):
     assert a == b
 
 
-# ---- PNNLoss on the fused kernels: reproducibility and torch.compile -------------------------
+# ---- PNNLoss on the fused kernels: against the reference, reproducibility, torch.compile -----
+@requires_kernels
+@pytest.mark.parametrize("per_row", [None, 12], ids=["in-batch", "sampled"])
+@pytest.mark.parametrize("lambda_mode", ["fixed", "attention"])
+def test_cpu_loss_and_gradients_match_reference(per_row, lambda_mode):
+    """The whole loss, not only the per-row terms: PNNLoss(backend="cpu") against
+    PNNLoss(backend="reference") on continuous float64 inputs (distinct candidates per row, see
+    tests/batches.py), with L_uniform and the attention's lambda; the loss and the gradients of the
+    user rows, the item table and the attention's parameters."""
+    batch = make_batch(64, 16, per_row=per_row, seed=43)
+    neg = None if per_row is None else batch["candidates"]
+    results = {}
+    for backend in ("reference", "cpu"):
+        torch.manual_seed(0)  # the attention's initial parameters and its history draw: the same for both
+        loss_fn = PNNLoss(batch["known"], 16, lambda_mode=lambda_mode, backend=backend).double()
+        user_emb = batch["user_emb"].clone().requires_grad_()
+        item_table = batch["item_table"].clone().requires_grad_()
+        loss = loss_fn(user_emb, item_table, batch["users"], batch["pos_items"], neg,
+                       noise=(batch["noise_pos"], batch["noise_neg"]))
+        params = [user_emb, item_table, *loss_fn.parameters()]
+        results[backend] = (loss.detach(), *torch.autograd.grad(loss, params))
+    assert len(results["cpu"]) == (6 if lambda_mode == "attention" else 3)  # the loss and 2 or 5 gradients
+    for got, want in zip(results["cpu"], results["reference"]):
+        torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
+    assert results["cpu"][2].abs().sum() > 0  # the item table's gradient is not trivially zero
+
+
 @requires_kernels
 def test_fused_pnn_step_is_bitwise_reproducible_on_two_threads():
     """The same seed gives bit-identical loss and gradients on a multi-threaded CPU: the kernels'

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pnn_fast.models import NGCF, SGL, LightGCN, Recommender, build_model
+from pnn_fast.models import LightGCN, Recommender, build_model
 from pnn_fast.models.graph import NormalizedAdjacency, sparse_matmul
 
 # torch's once-per-process "sparse CSR is beta" notice (graph.py filters it, pytest resets filters).
@@ -267,14 +267,6 @@ def test_models_deepcopy_and_state_dict_hold_only_parameters():
     assert double.embeddings()[0].dtype == torch.float64
     double.on_epoch_start()
     assert double.auxiliary_loss(torch.tensor([0]), torch.tensor([1])).dtype == torch.float64
-
-
-def test_scores_are_dot_products_for_evaluation():
-    model = _build("lightgcn")
-    users, items = model.embeddings()
-    assert isinstance(model, LightGCN) and not isinstance(model, NGCF)
-    assert isinstance(_build("sgl"), SGL)
-    assert torch.allclose((users @ items.T)[2, 4], (users[2] * items[4]).sum())
 
 
 def test_build_model_errors():

@@ -1,4 +1,5 @@
-"""The README's PyTorch Geometric example runs as written: LightGCN trained with PNNLoss beats most-popular."""
+"""The README's PyTorch Geometric example runs as written: LightGCN trained with PNNLoss beats most-popular;
+that it also nearly reaches BPR is a known shortfall, marked."""
 import re
 from pathlib import Path
 
@@ -9,7 +10,8 @@ from conftest import data_path
 from pnn_fast import PNNLoss
 from pnn_fast.data import load_dataset
 from pnn_fast.eval import evaluate
-from test_train import popularity_ndcg
+from pnn_fast.train import TrainConfig, run
+from test_train import BelowBPR, assert_reaches_bpr, popularity_ndcg
 
 pytest.importorskip("torch_geometric", reason="the README example trains torch_geometric's LightGCN "
                                               "(install the test extras: pip install -e '.[test]')")
@@ -24,7 +26,9 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
 
 
-def test_readme_lightgcn_example_trains_and_beats_most_popular():
+@pytest.mark.xfail(raises=BelowBPR, strict=True, reason="the example (the paper's PNN on LightGCN) reaches 0.76 x "
+                   "BPR here (NDCG@20 0.176 against 0.232): see docs/why-pnn.md")
+def test_readme_lightgcn_example_trains_beats_most_popular_and_nearly_bpr(tmp_path):
     data = load_dataset(data_path("ml-100k"), split="rs", seed=2020)
     torch.manual_seed(0)
     batch_losses = []
@@ -50,3 +54,6 @@ def test_readme_lightgcn_example_trains_and_beats_most_popular():
     ndcg = evaluate(user_table, item_table, data.test, [data.train, data.valid], ks=(20,))["ndcg@20"]
     baseline = popularity_ndcg(data)
     assert ndcg > baseline, (ndcg, baseline)
+    # BPR on pnn_fast's LightGCN (the same graph model, 2 layers) with the example's optimiser and epochs
+    bpr = TrainConfig(model="lightgcn", loss="bpr", epochs=4, batch_size=2048, lr=1e-2, reg_weight=0.0, dim=64)
+    assert_reaches_bpr(ndcg, run(data, bpr, tmp_path, progress=False, log=lambda *_: None)["test"]["ndcg@20"])

@@ -1,5 +1,8 @@
-"""Trainer and CLI: resume equals an uninterrupted run, real data beats popularity, CLI errors."""
+"""Trainer and CLI: resume equals an uninterrupted run, real data beats popularity and nearly BPR, CLI errors
+and the CLI's mapping of its flags."""
+import dataclasses
 import json
+import operator
 import subprocess
 import sys
 
@@ -7,7 +10,7 @@ import pytest
 import torch
 
 from conftest import data_path
-from pnn_fast.cli import main
+from pnn_fast.cli import _config, build_parser, main
 from pnn_fast.data import load_dataset, synthetic_dataset
 from pnn_fast.eval import evaluate
 from pnn_fast.train import TrainConfig, Trainer, run
@@ -51,15 +54,64 @@ def popularity_ndcg(data):
                     ks=(20,))["ndcg@20"]
 
 
-@pytest.mark.parametrize("loss", ["bpr", "pnn"])
-def test_short_run_on_ml100k_beats_most_popular(tmp_path, loss):
-    data = load_dataset(data_path("ml-100k"), split="rs", seed=2020)
-    config = TrainConfig(loss=loss, epochs=4, batch_size=1024, lr=0.01, reg_weight=0.0, dim=32, patience=100)
-    results = run(data, config, tmp_path, progress=False, log=lambda *_: None)
-    baseline = popularity_ndcg(data)
-    assert results["test"]["ndcg@20"] > baseline, (results["test"]["ndcg@20"], baseline)
-    saved = json.loads((tmp_path / "results.json").read_text())
+#: the least share of BPR's test NDCG@20 that a method's short run must reach, BPR trained the same
+#: way (data, model, epochs, optimiser): beating most-popular alone would pass a method 30% under BPR
+BPR_FLOOR = 0.9
+
+
+class BelowBPR(AssertionError):
+    """A short run under BPR_FLOOR x BPR's NDCG@20. The known cases are marked
+    ``xfail(raises=BelowBPR, strict=True)``: any other failure still fails, and reaching the floor
+    fails too, so that the mark goes."""
+
+
+def bpr_twin_ndcg(data, config: TrainConfig, out) -> float:
+    """Test NDCG@20 of BPR trained like ``config``: the same data, model, epochs and optimiser."""
+    twin = dataclasses.replace(config, loss="bpr", loss_args={})
+    return run(data, twin, out, progress=False, log=lambda *_: None)["test"]["ndcg@20"]
+
+
+def assert_reaches_bpr(ndcg: float, bpr_ndcg: float) -> None:
+    if ndcg < BPR_FLOOR * bpr_ndcg:
+        raise BelowBPR(f"test NDCG@20 {ndcg:.4f} is under {BPR_FLOOR} x BPR's {bpr_ndcg:.4f} "
+                       f"({ndcg / bpr_ndcg:.2f} x)")
+
+
+SHORT_RUN = dict(epochs=4, batch_size=1024, lr=0.01, reg_weight=0.0, dim=32, patience=100)
+
+
+@pytest.fixture(scope="module")
+def ml100k():
+    return load_dataset(data_path("ml-100k"), split="rs", seed=2020)
+
+
+@pytest.fixture(scope="module")
+def short_bpr_run(ml100k, tmp_path_factory):
+    """BPR's short run on ml-100k: (results, output folder)."""
+    out = tmp_path_factory.mktemp("bpr")
+    return run(ml100k, TrainConfig(loss="bpr", **SHORT_RUN), out, progress=False, log=lambda *_: None), out
+
+
+@pytest.mark.parametrize("loss, loss_args", [
+    ("bpr", {}),
+    pytest.param("pnn", {}, id="pnn-paper", marks=pytest.mark.xfail(
+        raises=BelowBPR, strict=True, reason="the paper's PNN (in-batch candidates, learned lambda) reaches 0.70 x "
+        "BPR here (NDCG@20 0.175 against 0.249), as in docs/why-pnn.md's screening (-19% against BPR)")),
+    pytest.param("pnn", {"preset": "dns-anchored"}, id="pnn-dns-anchored"),
+])
+def test_short_run_on_ml100k_beats_most_popular_and_nearly_bpr(tmp_path, ml100k, short_bpr_run, loss, loss_args):
+    bpr, out = short_bpr_run
+    if loss != "bpr":
+        out = tmp_path
+        results = run(ml100k, TrainConfig(loss=loss, loss_args=loss_args, **SHORT_RUN), out, progress=False,
+                      log=lambda *_: None)
+    else:
+        results = bpr
+    ndcg, baseline = results["test"]["ndcg@20"], popularity_ndcg(ml100k)
+    assert ndcg > baseline, (ndcg, baseline)
+    saved = json.loads((out / "results.json").read_text())
     assert saved["best_epoch"] >= 1 and len(saved["epochs"]) == 4 and "torch" in saved["versions"]
+    assert_reaches_bpr(ndcg, bpr["test"]["ndcg@20"])
 
 
 def test_cli_help_lists_options(capsys):
@@ -78,15 +130,67 @@ def test_cli_help_lists_options(capsys):
     (["train", "--data", "/nonexistent/folder"], "nonexistent"),
     (["train", "--model-arg", "n_layers"], "KEY=VALUE"),
     (["train", "--loss-arg", "gamma=2", "--epochs", "1"], "gamma"),
+    # PNN's weights: negative or not finite would train a loss unbounded below, or NaN
+    (["train", "--alpha", "-1", "--epochs", "1"], "argument --alpha: alpha must be a finite number >= 0, got -1.0"),
+    (["train", "--beta", "nan", "--epochs", "1"], "argument --beta: beta must be a finite number >= 0, got nan"),
+    (["train", "--fixed-lambda", "1.5", "--epochs", "1"], "argument --fixed-lambda"),
+    (["train", "--loss-arg", "noise_max=-0.1", "--epochs", "1"], "noise_max must be a finite number >= 0"),
+    (["train", "--loss-arg", "rank_weight=Infinity", "--epochs", "1"], "rank_weight must be a finite number"),
+    (["train", "--history-len", "0", "--epochs", "1"], "argument --history-len: history_len must be an int >= 1"),
+    (["train", "--pnn-sampled", "--pnn-candidates", "4", "--neg-size", "4", "--epochs", "1"], "neg_size=4"),
+    (["train", "--loss", "sl", "--loss-arg", "num_negatives=8", "--loss-arg", "neg_size=8", "--epochs", "1"],
+     "neg_size"),
+    (["train", "--patience", "-1", "--epochs", "1"], "patience must be a positive int, got -1"),
+    (["train", "--lr", "nan", "--epochs", "1"], "lr must be a finite number > 0"),
+    # an unknown key is an error that lists the valid ones, never dropped
+    (["train", "--model-arg", "reg_weight=1e-4", "--epochs", "1"],
+     "has no hyper-parameter(s) ['reg_weight']; valid: []"),
+    (["train", "--model", "lightgcn", "--model-arg", "n_layer=3", "--epochs", "1"], "valid: ['n_layers']"),
+    (["train", "--loss", "pnn", "--alpha", "0.3", "--loss-arg", "preset=dns-anchored", "--epochs", "1"],
+     "drop the flags that set ['alpha']"),
+    (["train", "--loss", "dns", "--loss-arg", "candidate=4", "--epochs", "1"],
+     "has no argument(s) ['candidate']; valid: ['backend', 'candidates', 'in_batch']"),
 ])
-def test_cli_bad_options_give_one_line(argv, fragment, capsys):
+def test_cli_bad_options_give_one_line(argv, fragment, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # were a bad option accepted, its run would write runs/ here
     try:
         code = main(argv)
     except SystemExit as err:
         code = err.code
     assert code == 2
     err = capsys.readouterr().err.strip()
-    assert fragment in err and "\n" not in err and "Traceback" not in err
+    assert fragment in err and "\n" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()  # refused before anything trained
+
+
+@pytest.mark.parametrize("flags, settings", [
+    ([], dict(lambda_mode="attention", use_rank=True, num_candidates=None, alpha=0.8, beta=0.6,
+              neg_size="proportional")),
+    (["--no-warmup"], dict(lambda_mode="fixed", fixed_lambda=1.0, attention=None)),
+    (["--no-warmup", "--fixed-lambda", "0.3"], dict(lambda_mode="fixed", fixed_lambda=1.0)),  # no warm-up wins
+    (["--fixed-lambda", "0.3"], dict(lambda_mode="fixed", fixed_lambda=0.3, attention=None)),
+    (["--no-rank"], dict(use_rank=False, lambda_mode="attention")),
+    (["--pnn-sampled"], dict(num_candidates=8)),
+    (["--pnn-sampled", "--pnn-candidates", "5", "--neg-size", "2"], dict(num_candidates=5, neg_size=2)),
+    (["--alpha", "0", "--beta", "0.25", "--neg-size", "count"], dict(alpha=0.0, beta=0.25, neg_size="count")),
+    (["--history-len", "7", "--backend", "reference"], {"attention.history_len": 7, "backend": "reference"}),
+    # a preset replaces the flags' defaults (only the backend may be set beside it)
+    (["--loss-arg", "preset=dns-anchored", "--backend", "reference"],
+     dict(num_candidates=8, beta=0.0, lambda_mode="fixed", fixed_lambda=0.1, backend="reference")),
+])
+def test_cli_pnn_flags_set_the_loss(flags, settings):
+    """The paper's ablation switches of ``pnn-fast train`` reach the PNNLoss the trainer builds."""
+    args = build_parser().parse_args(["train", "--loss", "pnn", "--dim", "8", *flags])
+    loss_fn = Trainer(small_data(), _config(args, "pnn"), "/tmp/unused").objective.loss_fn
+    for name, value in settings.items():
+        assert operator.attrgetter(name)(loss_fn) == value, name
+
+
+def test_cli_dns_flags_set_the_loss():
+    args = build_parser().parse_args(["train", "--loss", "dns", "--dns-candidates", "3", "--dns-in-batch",
+                                      "--dim", "8"])
+    objective = Trainer(small_data(), _config(args, "dns"), "/tmp/unused").objective
+    assert objective.args == {"candidates": 3, "in_batch": True, "backend": "auto"}
 
 
 def test_cli_key_values_parse_python_and_json_words():
@@ -108,6 +212,17 @@ def test_module_entry_point_trains_on_builtin_data(tmp_path):
                                  capture_output=True, text=True, timeout=600)
     assert trainer_out.returncode == 0, trainer_out.stderr
     assert json.loads(trainer_out.stdout)["ndcg@20"] == pytest.approx(results["test"]["ndcg@20"])
+
+
+def test_evaluate_refuses_data_with_other_id_spaces_than_the_checkpoint(tmp_path, capsys):
+    """The checkpoint's tables declare its users and items; other data is one line, not a state-dict dump."""
+    run(small_data(), TrainConfig(loss="bpr", epochs=1, dim=8), tmp_path, progress=False, log=lambda *_: None)
+    other = tmp_path / "other.csv"
+    other.write_text("user,item\n" + "".join(f"{u},{i}\n" for u in range(4) for i in range(5) if (u + i) % 2))
+    code = main(["evaluate", "--checkpoint", str(tmp_path / "checkpoint.pt"), "--data", str(other)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "was trained on 120 users and 60 items, but --data gives 4 and 5" in err, err
+    assert "\n" not in err
 
 
 def test_trainer_rejects_bad_config():

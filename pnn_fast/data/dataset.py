@@ -46,6 +46,8 @@ class Dataset:
         user_ids: original id of each internal user id (``user_ids[u]``), ``int`` where
             every original id was a canonical integer, else ``str``; ``None`` for synthetic data.
         item_ids: the same for items.
+        duplicates: copies of (user, item) pairs that the files list more than once (after the
+            rating threshold), dropped by the loader; 0 for synthetic data.
     """
 
     name: str
@@ -56,14 +58,17 @@ class Dataset:
     test: Pairs
     user_ids: list | None = None
     item_ids: list | None = None
+    duplicates: int = 0
 
     def summary(self) -> str:
-        """One line: users, items, interactions per split and density."""
+        """One line: users, items, interactions per split and density, and the duplicate pairs
+        dropped when there were any (a silently shrunken data set would go unnoticed)."""
         sizes = [int(split[0].numel()) for split in (self.train, self.valid, self.test)]
         total = sum(sizes)
         density = total / max(self.num_users * self.num_items, 1)
+        dropped = f"; {self.duplicates:,} duplicate (user, item) pairs dropped" if self.duplicates else ""
         return (
             f"{self.name}: {self.num_users:,} users, {self.num_items:,} items, "
             f"{total:,} interactions (train {sizes[0]:,} / valid {sizes[1]:,} / test {sizes[2]:,}), "
-            f"density {density:.4%}"
+            f"density {density:.4%}{dropped}"
         )

@@ -75,7 +75,8 @@ def load_dataset(
         every original id is a canonical integer, so LightGCN's contiguous 0-based
         ids map to themselves; else as strings).  A (user, item) pair listed more
         than once is kept once; for ``split="files"`` in the earliest of train,
-        valid, test, so no pair is in two splits.  Timestamps are parsed (and
+        valid, test, so no pair is in two splits; ``Dataset.duplicates`` counts the
+        copies dropped and its ``summary()`` line reports them.  Timestamps are parsed (and
         checked) but not used: the split is random, not temporal.
 
     Raises:
@@ -118,6 +119,7 @@ def load_dataset(
     item_codes, item_originals = _factorize(items)
 
     first = _first_of_each_pair(user_codes, item_codes, parts, len(item_originals))
+    duplicates = user_codes.size - first.size
     user_codes, item_codes, parts = user_codes[first], item_codes[first], parts[first]
 
     if kcore > 1:
@@ -154,6 +156,7 @@ def load_dataset(
         test=splits[2],
         user_ids=[user_originals[k] for k in used_users],
         item_ids=[item_originals[k] for k in used_items],
+        duplicates=int(duplicates),
     )
 
 

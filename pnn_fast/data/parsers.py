@@ -128,10 +128,20 @@ def read_atomic_inter(path: os.PathLike | str) -> RawInteractions:
 
 
 def read_movielens_dat(path: os.PathLike | str) -> RawInteractions:
-    """Read MovieLens ``ratings.dat`` (ML-1M, ML-10M): ``user::item::rating::timestamp``, no header."""
+    """Read MovieLens ``ratings.dat`` (ML-1M, ML-10M): ``user::item::rating::timestamp``, no header.
+
+    The format's ids are integers (ML-1M's README: UserIDs range between 1 and 6040), so a
+    non-integer or negative id is a located error rather than a new token.
+    """
     path = Path(path)
     rows, linenos = _read_rows(path, "::")
-    return _table(path, rows, linenos, sep="::", width=4, user=0, item=1, rating=2, timestamp=3)
+    raw = _table(path, rows, linenos, sep="::", width=4, user=0, item=1, rating=2, timestamp=3)
+    for role, ids in (("user", raw.users.tolist()), ("item", raw.items.tolist())):
+        joined = "".join(ids)  # one test over every id (none is empty); a per-id scan only to locate a failure
+        if not (joined.isascii() and joined.isdigit()):
+            bad = next(k for k, token in enumerate(ids) if not (token.isascii() and token.isdigit()))
+            raise DataFormatError(path, linenos[bad], f"{role} id {ids[bad]!r} is not a non-negative integer")
+    return raw
 
 
 # Header names accepted by read_csv, compared after dropping a ``:type`` suffix

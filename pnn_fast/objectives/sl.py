@@ -106,6 +106,13 @@ class SLObjective(Objective):
         weight = a["neutral_weight"]
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 < weight <= 1:
             raise ValueError(f"sl: neutral_weight must lie in (0, 1], got {weight!r}")
+        # the K sampled items are every row's unlabeled ones and k_b <= K - 1 (the neutral class keeps
+        # one): a larger fixed size would silently be cut to K - 1
+        neg_size = a["neg_size"]
+        if neg_size not in ("proportional", "count") and not (
+                isinstance(neg_size, int) and not isinstance(neg_size, bool) and 0 <= neg_size < negatives):
+            raise ValueError(f"sl: neg_size must be 'proportional', 'count' or an int in [0, num_negatives) = "
+                             f"[0, {negatives}), got {neg_size!r}")
 
     def sample_negatives(self, users: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
