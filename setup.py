@@ -152,7 +152,7 @@ print(f"pnn_fast: building the {'CUDA' if WITH_CUDA else 'CPU-only'} variant: {R
 LIMITED_API = getattr(cpp_extension, "min_supported_cpython", None)
 defines = ([] if LIMITED_API else ["-DPy_LIMITED_API=0x03090000"]) + (["-DPNN_FAST_WITH_CUDA"] if WITH_CUDA else [])
 ABI3_TAG = f"cp3{int((LIMITED_API or '0x03090000')[4:6], 16)}"
-# -ffp-contract=off: scores must be bit-identical across kernels (pnn_rows.h, madd); -Wno-psabi: the
+# -ffp-contract=off: the score chains fuse exactly where pnn_rows.h says (FusedMultiplyAdd) and nowhere else; -Wno-psabi: the
 # AVX2 vectors of cpu/simd.h only cross inlined calls
 cxx_flags = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off", "-Wno-psabi"] + openmp_flags() + defines
 nvcc_flags = (["-O0", "-g", "-lineinfo"] if DEBUG else ["-O3"]) + defines

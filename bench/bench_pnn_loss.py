@@ -4,8 +4,9 @@ backend against the fused kernels, and on CUDA also torch.compile of the referen
     pytest bench/bench_pnn_loss.py --benchmark-only        # pytest-benchmark, one row per case
     python bench/bench_pnn_loss.py [--batches 2048 8192] [--threads 2] [--json rows.json]
 
-The script prints one table with the median time (p20-p80), the speed-up over the reference and
-the memory of one step: on CUDA torch.cuda.max_memory_allocated above the step's inputs, on CPU
+The script prints one table with the median time (p20-p80), the speed-up over the reference, the
+ratio to the step's arithmetic floor (``floor_step``: the bare score and uniformity products and
+one pass over the scores, timed in the same run) and the memory of one step: on CUDA torch.cuda.max_memory_allocated above the step's inputs, on CPU
 the rise of the process's resident-set high-water mark (VmHWM) in a fresh process, plus the
 largest allocation torch.profiler attributes to one op (a [B, B] float32 matrix is 4 B^2 bytes).
 Every case first checks that its loss equals the reference's.
@@ -38,7 +39,10 @@ from _harness import (
 from pnn_fast import build_info
 
 BATCHES = (2048, 8192)
-PROVIDERS = {"cpu": ("reference", "cpu"), "cuda": ("reference", "reference+compile", "cuda")}
+#: "floor": the step's unavoidable arithmetic as bare torch ops (floor_step), timed beside the others
+PROVIDERS = {"cpu": ("reference", "cpu", "floor"), "cuda": ("reference", "reference+compile", "cuda", "floor")}
+#: synthetic problem shapes: the historical default, and ML-1M's (6,040 users, 3,706 items, 165 per user)
+SHAPES = {"default": {}, "ml-1m": {"num_users": 6040, "num_items": 3706, "per_user": 165}}
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -47,17 +51,37 @@ def rounds_for(device: str, provider: str, batch: int) -> int:
     return 2 if slow else 5
 
 
+def floor_step(problem: dict):
+    """The arithmetic no in-batch PNN step can avoid, as bare ops on the problem's sizes: the
+    [B, d] x [d, B] score product, one pass over its B^2 scores (a row max), and L_uniform's
+    n^2 d products over the batch's n distinct items, forward (x x^T) and backward (G x)."""
+    user_emb = problem["user_table"][problem["users"]]
+    cand_emb = problem["item_table"][problem["pos_items"]]
+    distinct = problem["item_table"][torch.unique(problem["pos_items"])]
+
+    def step():
+        scores = user_emb @ cand_emb.T
+        row_max = scores.amax(dim=1)
+        gram = distinct @ distinct.T
+        return row_max.sum() + (gram @ distinct).sum()
+
+    return step
+
+
 def step_for(problem: dict, device: str, provider: str):
+    if provider == "floor":
+        return floor_step(problem)
     backend = device if provider == device else "reference"
     return make_step(problem, backend, compiled=provider.endswith("+compile"))
 
 
-def checked_step(device: str, provider: str, batch: int, reference_loss: dict):
-    """The provider's step, after checking its loss against the reference's (cached per case)."""
-    problem = synthetic_problem(batch, device=device)
+def checked_step(device: str, provider: str, batch: int, reference_loss: dict, shape: str = "default"):
+    """The provider's step, after checking its loss against the reference's (cached per case); the
+    floor computes no loss, so it has nothing to check."""
+    problem = synthetic_problem(batch, device=device, **SHAPES[shape])
     step = step_for(problem, device, provider)
-    if provider != "reference":
-        key = (device, batch)
+    if provider not in ("reference", "floor"):
+        key = (device, batch, shape)
         if key not in reference_loss:
             reference_loss[key] = make_step(problem, "reference")()
         torch.testing.assert_close(step(), reference_loss[key], rtol=1e-4, atol=1e-6)
@@ -83,41 +107,55 @@ def test_pnn_loss_step(benchmark, device, provider, batch):
     benchmark.pedantic(synced, rounds=rounds_for(device, provider, batch), iterations=1, warmup_rounds=1)
 
 
-def run_table(batches, threads: int) -> list:
+def run_table(batches, threads: int, shape: str = "default") -> list:
+    """One row per (device, batch, provider): median time, speed-up over the reference, the
+    provider's time over the floor's (measured in the same run), and memory."""
     torch.set_num_threads(threads)
     rows, reference_loss = [], {}
     for device in DEVICES:
         for batch in batches:
-            base = None
+            steps, timings = {}, {}
             for provider in PROVIDERS[device]:
-                step = checked_step(device, provider, batch, reference_loss)
-                timing = time_step(step, torch.device(device), rounds_for(device, provider, batch))
+                steps[provider] = checked_step(device, provider, batch, reference_loss, shape)
+                timings[provider] = time_step(steps[provider], torch.device(device),
+                                              rounds_for(device, provider, batch))
+            for provider, timing in timings.items():
                 if device == "cuda":
-                    memory = {"peak_bytes": cuda_peak_bytes(step, torch.device(device))}
+                    memory = {"peak_bytes": cuda_peak_bytes(steps[provider], torch.device(device))}
+                elif provider == "floor":
+                    memory = {}
                 else:
                     memory = cpu_peak_bytes(batch, "reference" if provider == "reference" else "cpu", threads)
-                base = base or timing["median_s"]
-                rows.append({"device": device, "provider": provider, "batch": batch, **timing, **memory,
-                             "speedup": base / timing["median_s"], **environment()})
+                rows.append({"device": device, "provider": provider, "batch": batch, "shape": shape, **timing,
+                             **memory, "speedup": timings["reference"]["median_s"] / timing["median_s"],
+                             "over_floor": timing["median_s"] / timings["floor"]["median_s"], **environment()})
                 print(format_row(rows[-1]), flush=True)
     return rows
 
 
 def format_row(row: dict) -> str:
-    memory = (f"peak {row['peak_bytes'] / 2**20:9.1f} MiB" if "peak_bytes" in row else
-              f"RSS +{row['peak_rss_delta'] / 2**20:8.1f} MiB, largest op {row['largest_op_alloc'] / 2**20:7.1f} MiB")
+    if "peak_bytes" in row:
+        memory = f"peak {row['peak_bytes'] / 2**20:9.1f} MiB"
+    elif "peak_rss_delta" in row:
+        memory = (f"RSS +{row['peak_rss_delta'] / 2**20:8.1f} MiB, "
+                  f"largest op {row['largest_op_alloc'] / 2**20:7.1f} MiB")
+    else:
+        memory = "-"
     return (f"| {row['device']:4} | {row['provider']:17} | {row['batch']:5} | {row['median_s'] * 1e3:9.1f} ms "
-            f"({row['p20_s'] * 1e3:.0f}-{row['p80_s'] * 1e3:.0f}) | x{row['speedup']:5.2f} | {memory} |")
+            f"({row['p20_s'] * 1e3:.0f}-{row['p80_s'] * 1e3:.0f}) | x{row['speedup']:6.2f} | "
+            f"{row['over_floor']:6.2f} | {memory} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="default",
+                        help="users, items and items per user of the synthetic problem")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
-    print("| dev  | provider          | B     | median (p20-p80)        | speed-up | memory of one step |")
-    rows = run_table(args.batches, args.threads)
+    print("| dev  | provider          | B     | median (p20-p80)        | speed-up | / floor | memory of one step |")
+    rows = run_table(args.batches, args.threads, args.shape)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

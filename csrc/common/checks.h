@@ -61,6 +61,9 @@ inline RowInputs prepare_row_inputs(const char* op, const at::Tensor& user_emb, 
   } else {
     check_tensor(op, user_emb, candidates, "candidates", at::kLong, {-1});
   }
+  // the CPU kernels hold a row's candidate positions in int32 (CandidateSet, RowScan::members)
+  TORCH_CHECK(candidates.size(-1) < (int64_t{1} << 31), op, ": a row must have fewer than 2^31 candidates, got ",
+              candidates.size(-1));
   check_tensor(op, user_emb, known_indptr, "known_indptr", at::kLong, {-1});
   check_tensor(op, user_emb, known_indices, "known_indices", at::kLong, {-1});
   RowInputs in;

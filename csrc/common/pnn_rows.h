@@ -26,9 +26,8 @@ namespace pnn_fast {
 // ---------------------------------------------------------------------------------------------
 // Arithmetic
 
-// a * b + c.  On the device an explicit fma; on the host the CPU sources are compiled with
-// -ffp-contract=off, so the compiler never fuses it in one place and not in another (T may
-// be a host SIMD vector type).
+// a * b + c for the sums that decide no tie or class (dot_wide): an fma on the device, a
+// multiply and an add on the host (-ffp-contract=off), where the compiler vectorises it freely.
 template <typename T>
 PNN_HD inline T madd(T a, T b, T c) {
 #ifdef __CUDA_ARCH__
@@ -61,21 +60,35 @@ PNN_HD inline acc_t neg_infinity() {
   return -static_cast<acc_t>(INFINITY);
 }
 
-// A score or a distance is one sequential chain over k = 0..d-1 (acc = term(a_k, b_k, acc)).
-// A CUDA thread runs the chain as written; the CPU kernels run the same chain for 32
-// candidates at once, one per SIMD lane (cpu/simd.h), so every candidate gets the same bits
-// whichever kernel, tile or lane computes it.  The terms are generic so that the CPU can apply
-// them to vector types.
-struct DotTerm {
+// a * b + c rounded once: the step of the chains below on every backend, so that a CUDA thread
+// and a CPU SIMD lane (cpu/simd.h's VectorFma) give the same bits.  On the host std::fma; the
+// CPU sources are compiled with -ffp-contract=off, so the compiler fuses nothing else.
+struct FusedMultiplyAdd {
   template <typename T>
-  PNN_HD T operator()(T x, T y, T acc) const { return madd(x, y, acc); }
+  PNN_HD T operator()(T a, T b, T c) const {
+#ifdef __CUDA_ARCH__
+    return fma(a, b, c);
+#else
+    return std::fma(a, b, c);
+#endif
+  }
+};
+
+// A score or a distance is one sequential chain over k = 0..d-1 (acc = term(a_k, b_k, acc)),
+// each step one fused multiply-add.  A CUDA thread runs the chain as written; the CPU kernels
+// run the same chain for 64 candidates at once, one per SIMD lane (cpu/simd.h), so every
+// candidate gets the same bits whichever backend, kernel, tile or lane computes it.  The terms
+// take the fused multiply-add as an argument so that the CPU can apply them to vector types.
+struct DotTerm {
+  template <typename T, typename Fused = FusedMultiplyAdd>
+  PNN_HD T operator()(T x, T y, T acc, Fused fused = {}) const { return fused(x, y, acc); }
 };
 
 struct SquaredDiffTerm {
-  template <typename T>
-  PNN_HD T operator()(T x, T y, T acc) const {
+  template <typename T, typename Fused = FusedMultiplyAdd>
+  PNN_HD T operator()(T x, T y, T acc, Fused fused = {}) const {
     const T diff = x - y;
-    return madd(diff, diff, acc);
+    return fused(diff, diff, acc);
   }
 };
 
@@ -265,8 +278,9 @@ struct KeyBits {
 
 constexpr uint32_t kExcludedKey = 0;
 
-// Branch-free (selects only), so that CPU loops over candidates vectorise and do not mispredict
-// on the sign of the score.
+// Branch-free integer selects only (no floating-point compares, whose NaN handling compiles to
+// branches), so that CPU loops over candidates vectorise and do not mispredict on the sign of
+// the score.  |s| == 0 and |s| > inf (NaN) are read off the magnitude bits.
 PNN_HD inline uint32_t order_key(float s) {
   uint32_t bits;
 #ifdef __CUDA_ARCH__
@@ -274,9 +288,10 @@ PNN_HD inline uint32_t order_key(float s) {
 #else
   std::memcpy(&bits, &s, sizeof bits);
 #endif
-  bits = s == 0.0f ? 0u : bits;  // -0.0 -> +0.0
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  bits = magnitude == 0u ? 0u : bits;  // -0.0 -> +0.0
   const uint32_t flip = static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u;
-  return s != s ? 0xFFFFFFFFu : bits ^ flip;  // negative: ~bits, positive: bits | sign
+  return magnitude > 0x7F800000u ? 0xFFFFFFFFu : bits ^ flip;  // negative: ~bits, positive: bits | sign
 }
 
 PNN_HD inline uint64_t order_key(double s) {
@@ -286,9 +301,10 @@ PNN_HD inline uint64_t order_key(double s) {
 #else
   std::memcpy(&bits, &s, sizeof bits);
 #endif
-  bits = s == 0.0 ? 0ull : bits;
+  const uint64_t magnitude = bits & 0x7FFFFFFFFFFFFFFFull;
+  bits = magnitude == 0ull ? 0ull : bits;
   const uint64_t flip = static_cast<uint64_t>(static_cast<int64_t>(bits) >> 63) | 0x8000000000000000ull;
-  return s != s ? ~0ull : bits ^ flip;
+  return magnitude > 0x7FF0000000000000ull ? ~0ull : bits ^ flip;
 }
 
 // Inverse of order_key on its image.
@@ -334,7 +350,6 @@ PNN_HD inline RowClass classify_key(key_t key, int64_t j, key_t threshold_key, i
   if (key == key_t(kExcludedKey)) return kNotUnlabeled;
   return in_bottom_k(key, j, threshold_key, cutoff) ? kNegative : kNeutral;
 }
-
 // Radix select, most significant digit first: each pass histograms the digit at `shift` of the
 // keys that match the digits chosen so far, then picks the digit holding the rank-th key.
 constexpr int kRadixBits = 8;

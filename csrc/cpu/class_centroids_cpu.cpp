@@ -79,6 +79,7 @@ class_centroids_fwd_cpu(const at::Tensor& user_emb, const at::Tensor& item_table
       RowScan<scalar_t, acc_t> scan(set);
       BottomK<acc_t> bottom;
       std::vector<acc_t> sums(3 * d);  // indexed by RowClass; slot kNotUnlabeled is unused
+      std::vector<int64_t> members;
       for (int64_t b = begin; b < end; ++b) {
         const Row<scalar_t, acc_t> row(batch, b);
         scan.load(row);
@@ -90,18 +91,20 @@ class_centroids_fwd_cpu(const at::Tensor& user_emb, const at::Tensor& item_table
         count_out[kNeutral][b] = num_unlabeled - negatives;
 
         const RowPlan plan = plan_row(in.shared, count, num_unlabeled - negatives, negatives);
-        std::fill(sums.begin(), sums.end(), acc_t(0));
-        acc_t* larger = sums.data() + plan.larger * d;
-        if (plan.by_difference) std::copy(set.total.begin(), set.total.end(), larger);
         const auto threshold_key = order_key(threshold_out[b]);
-        for (int64_t j = 0; j < count; ++j) {
-          const RowClass cls = classify_key(scan.keys()[j], j, threshold_key, cutoff_out[b]);
-          const scalar_t* v = row.embedding(j);
-          if (!plan.by_difference) {
-            if (cls != kNotUnlabeled) add_row(sums.data() + cls * d, v, d, acc_t(1));
-          } else if (cls == kNotUnlabeled || cls == plan.smaller) {
-            add_row(larger, v, d, acc_t(-1));
-            if (cls == plan.smaller) add_row(sums.data() + cls * d, v, d, acc_t(1));
+        std::fill(sums.begin(), sums.end(), acc_t(0));
+        if (plan.by_difference) {
+          acc_t* larger = sums.data() + plan.larger * d;
+          acc_t* smaller = sums.data() + plan.smaller * d;
+          std::copy(set.total.begin(), set.total.end(), larger);
+          for (const int64_t j : scan.labeled()) add_row(larger, row.embedding(j), d, acc_t(-1));
+          scan.members(plan.smaller, threshold_key, cutoff_out[b], members);
+          for (const int64_t j : members) add_row(smaller, row.embedding(j), d, acc_t(1));
+          add_row(larger, smaller, d, acc_t(-1));
+        } else {
+          for (const RowClass cls : {kNeutral, kNegative}) {
+            scan.members(cls, threshold_key, cutoff_out[b], members);
+            for (const int64_t j : members) add_row(sums.data() + cls * d, row.embedding(j), d, acc_t(1));
           }
         }
         for (const RowClass cls : {kNeutral, kNegative}) {
@@ -170,6 +173,7 @@ at::Tensor class_centroids_bwd_cpu(const at::Tensor& grad_neutral, const at::Ten
         acc_t* slots = slot_grads[at::get_thread_num()].data_ptr<acc_t>();
         acc_t* column = slots + count * d;
         std::vector<acc_t> delta(d);
+        std::vector<int64_t> members;
         for (int64_t b = begin; b < end; ++b) {
           scan.load(Row<scalar_t, acc_t>(batch, b));
           const auto threshold_key = order_key(threshold_ptr[b]);
@@ -181,18 +185,13 @@ at::Tensor class_centroids_bwd_cpu(const at::Tensor& grad_neutral, const at::Ten
               column[i] += larger[i];
               delta[i] = smaller[i] - larger[i];
             }
-          }
-          for (int64_t j = 0; j < count; ++j) {
-            const RowClass cls = classify_key(scan.keys()[j], j, threshold_key, cutoff_ptr[b]);
-            acc_t* slot = slots + j * d;
-            if (!plan.by_difference) {
-              if (cls == kNotUnlabeled) continue;
-              const acc_t* g = grad_ptr[cls] + b * d;
-              for (int64_t i = 0; i < d; ++i) slot[i] += g[i];
-            } else if (cls == kNotUnlabeled) {
-              for (int64_t i = 0; i < d; ++i) slot[i] -= larger[i];
-            } else if (cls == plan.smaller) {
-              for (int64_t i = 0; i < d; ++i) slot[i] += delta[i];
+            for (const int64_t j : scan.labeled()) add_row(slots + j * d, larger, d, acc_t(-1));
+            scan.members(plan.smaller, threshold_key, cutoff_ptr[b], members);
+            for (const int64_t j : members) add_row(slots + j * d, delta.data(), d, acc_t(1));
+          } else {
+            for (const RowClass cls : {kNeutral, kNegative}) {
+              scan.members(cls, threshold_key, cutoff_ptr[b], members);
+              for (const int64_t j : members) add_row(slots + j * d, grad_ptr[cls] + b * d, d, acc_t(1));
             }
           }
         }

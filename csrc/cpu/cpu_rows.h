@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -57,27 +58,29 @@ void to_acc(const scalar_t* a, int64_t d, std::vector<acc_t>& out) {
 }
 
 // One call's candidates, prepared once and read by every task.  For a shared list: the
-// embeddings tiled for SIMD scoring, the candidate indices sorted by item (so that a row finds
-// its labeled candidates from its sorted known items, see for_each_labeled) and the sum of all
+// embeddings tiled for SIMD scoring, the positions of each item in the list (so that a row finds
+// its labeled candidates with one lookup per known item, see for_each_labeled) and the sum of all
 // candidate embeddings (the class sums subtract from it, see class_centroids_cpu.cpp).
 template <typename scalar_t, typename acc_t>
 struct CandidateSet {
   const RowBatch<scalar_t>& batch;
   bool shared;
   TiledVectors<acc_t> tiles;
-  std::vector<int64_t> by_item;       // j sorted by (item, j)
-  std::vector<int64_t> sorted_items;  // sorted_items[t] = c_{by_item[t]}: the items in that order
-  std::vector<acc_t> total;           // sum_j item_table[c_j]
+  std::vector<int32_t> first_position;  // [num_items]: the smallest j with c_j = item, or -1
+  std::vector<int32_t> next_position;   // [C]: the next j' > j with c_j' = c_j, or -1
+  std::vector<acc_t> total;             // sum_j item_table[c_j]
 
   explicit CandidateSet(const RowBatch<scalar_t>& b) : batch(b), shared(b.candidate_row_stride == 0) {
     if (!shared) return;
     const int64_t* items = batch.candidates;
     tiles.load(batch.item_table, items, batch.num_candidates, batch.dim);
-    by_item.resize(batch.num_candidates);
-    std::iota(by_item.begin(), by_item.end(), int64_t{0});
-    std::stable_sort(by_item.begin(), by_item.end(), [&](int64_t a, int64_t b) { return items[a] < items[b]; });
-    sorted_items.resize(batch.num_candidates);
-    for (int64_t t = 0; t < batch.num_candidates; ++t) sorted_items[t] = items[by_item[t]];
+    // int32 positions: a shared list is one batch's positives, far below 2^31 (checked by the caller)
+    first_position.assign(batch.num_items, -1);
+    next_position.resize(batch.num_candidates);
+    for (int64_t j = batch.num_candidates - 1; j >= 0; --j) {
+      next_position[j] = first_position[items[j]];
+      first_position[items[j]] = static_cast<int32_t>(j);
+    }
     total.assign(batch.dim, acc_t(0));
     for (int64_t j = 0; j < batch.num_candidates; ++j) {
       const scalar_t* v = batch.item_table + items[j] * batch.dim;
@@ -85,33 +88,19 @@ struct CandidateSet {
     }
   }
 
-  // Calls f(j) for every index j of the shared list whose item is `item`.
+  // Calls f(j) for every index j of the shared list whose item is `item`, in increasing j.
   template <typename F>
   void for_each_position(int64_t item, F f) const {
-    auto t = std::lower_bound(sorted_items.begin(), sorted_items.end(), item);
-    for (; t != sorted_items.end() && *t == item; ++t) f(by_item[t - sorted_items.begin()]);
+    for (int32_t j = first_position[item]; j >= 0; j = next_position[j]) f(int64_t{j});
   }
 
   // Calls f(j) once for every labeled candidate j of `row` (its item is the row's positive or a
-  // known item) of a shared list.  A light user's labeled candidates are found by N_u + 1 binary
-  // searches among the sorted candidates; a heavy user's (N_u log C > C + N_u) by one merge of
-  // the sorted candidates with its sorted known items, linear in both.
+  // known item) of a shared list: one table lookup per known item, O(N_u + labeled candidates)
+  // per row whatever C is (a binary search per known item cost a third of an in-batch PNN step).
   template <typename F>
   void for_each_labeled(const Row<scalar_t, acc_t>& row, F f) const {
-    const int64_t count = batch.num_candidates, n = row.num_known;
-    int64_t log_count = 1;
-    while ((int64_t{1} << log_count) < count) ++log_count;
-    if ((n + 1) * log_count < count + n) {
-      for (int64_t i = 0; i < n; ++i) for_each_position(row.known[i], f);
-      if (!sorted_contains(row.known, n, row.pos_item)) for_each_position(row.pos_item, f);
-      return;
-    }
-    int64_t i = 0;
-    for (int64_t t = 0; t < count; ++t) {
-      const int64_t item = sorted_items[t];
-      while (i < n && row.known[i] < item) ++i;
-      if (item == row.pos_item || (i < n && row.known[i] == item)) f(by_item[t]);
-    }
+    for (int64_t i = 0; i < row.num_known; ++i) for_each_position(row.known[i], f);
+    if (!sorted_contains(row.known, row.num_known, row.pos_item)) for_each_position(row.pos_item, f);
   }
 };
 
@@ -133,21 +122,56 @@ class RowScan {
     to_acc(row.user, row.dim, user_);
     scores_.resize(tiles->padded_count());
     tiles->lane_sums(user_.data(), DotTerm{}, scores_.data());
-    unlabeled_.resize(count);
-    if (set_.shared) {
-      std::fill(unlabeled_.begin(), unlabeled_.end(), uint8_t{1});
-      set_.for_each_labeled(row, [&](int64_t j) { unlabeled_[j] = 0; });
-    } else {
-      for (int64_t j = 0; j < count; ++j) unlabeled_[j] = row.unlabeled(j);
-    }
     keys_.resize(count);
-    for (int64_t j = 0; j < count; ++j) keys_[j] = unlabeled_[j] ? order_key(scores_[j]) : key_t(kExcludedKey);
+    for (int64_t j = 0; j < count; ++j) keys_[j] = order_key(scores_[j]);  // vectorised: no branch
+    labeled_.clear();
+    if (set_.shared) {
+      set_.for_each_labeled(row, [&](int64_t j) {
+        keys_[j] = key_t(kExcludedKey);
+        labeled_.push_back(j);
+      });
+    } else {
+      for (int64_t j = 0; j < count; ++j) keys_[j] = row.unlabeled(j) ? keys_[j] : key_t(kExcludedKey);
+    }
   }
 
   int64_t count() const { return static_cast<int64_t>(keys_.size()); }
   const acc_t* scores() const { return scores_.data(); }
   // order_key of s_j for members of U_b, kExcludedKey for the others (as Row::key).
   const key_t* keys() const { return keys_.data(); }
+
+  // The labeled candidates j (not in U_b) of the loaded row, for a shared list only.
+  const std::vector<int64_t>& labeled() const { return labeled_; }
+
+  // The candidates j of class `cls` (kNeutral or kNegative) of the loaded row given its bottom-k
+  // state, in increasing j, into `out`: classify_key(keys[j], j, ...) == cls.  A class is a small
+  // share of the row, so membership is first a byte per candidate, in one loop of integer
+  // compares that the compiler vectorises, and then only the non-zero bytes are visited, eight
+  // at a time.
+  void members(RowClass cls, key_t threshold_key, int64_t cutoff, std::vector<int64_t>& out) {
+    const int64_t count = static_cast<int64_t>(keys_.size());
+    const int64_t padded = (count + 7) / 8 * 8;
+    flags_.assign(padded, uint8_t{0});
+    // classify_key's test without its branches; an empty bottom k (cutoff < 0) has no member
+    const bool negative = cls == kNegative, any = cutoff >= 0;
+    const key_t* keys = keys_.data();
+    uint8_t* flags = flags_.data();
+    // 32-bit positions (C < 2^31, see prepare_row_inputs) keep the lanes as wide as float keys
+    const int32_t last = static_cast<int32_t>(std::min<int64_t>(cutoff, count));
+    for (int32_t j = 0; j < static_cast<int32_t>(count); ++j) {
+      const bool bottom = any & ((keys[j] < threshold_key) | ((keys[j] == threshold_key) & (j <= last)));
+      flags[j] = (keys[j] != key_t(kExcludedKey)) & (bottom == negative);
+    }
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "byte b of the word is flags[base + b]");
+    out.resize(count);
+    int64_t n = 0;
+    for (int64_t base = 0; base < padded; base += 8) {
+      uint64_t word;
+      std::memcpy(&word, flags + base, sizeof word);
+      for (; word != 0; word &= word - 1) out[n++] = base + (__builtin_ctzll(word) >> 3);
+    }
+    out.resize(n);
+  }
 
   // (argmax_{j in U_b} s_j with the smallest j on ties or -1, |U_b|) of the loaded row: the
   // largest key, then its first position (hard_better's order, in two simple loops).
@@ -167,13 +191,16 @@ class RowScan {
   TiledVectors<acc_t> own_tiles_;
   std::vector<acc_t> user_;
   std::vector<acc_t> scores_;
-  std::vector<uint8_t> unlabeled_;
   std::vector<key_t> keys_;
+  std::vector<int64_t> labeled_;
+  std::vector<uint8_t> flags_;  // scratch of members()
 };
 
 // Bottom-k selection of one row: the radix select of the CUDA kernel (radix_digit, radix_pick),
-// run serially, keeping after each pass only the keys in the chosen digit (stable, so the
-// survivors stay in j order).
+// run serially.  Each pass over the candidates that still match the digits chosen so far keeps
+// them (stable, so the survivors stay in j order) and histograms their next digit at once; the
+// first pass only histograms, over every candidate.  The loops store unconditionally and
+// advance or count by the predicate, with no branch to mispredict on scattered matches.
 template <typename acc_t>
 class BottomK {
  public:
@@ -182,40 +209,85 @@ class BottomK {
   // The state (threshold, cutoff) of the k lowest (key, j) among keys[j] != kExcludedKey, j <
   // count; k is clamped to [0, |U_b|].
   void select(const key_t* keys, int64_t count, int64_t k, acc_t& threshold, int64_t& cutoff) {
-    keys_.clear();
-    index_.clear();
+    int shift = KeyBits<key_t>::value - kRadixBits;
+    int64_t histogram[kRadixSize];
+    clear_counts();
     for (int64_t j = 0; j < count; ++j) {
-      if (keys[j] == key_t(kExcludedKey)) continue;
-      keys_.push_back(keys[j]);
-      index_.push_back(j);
+      count_digit(j, radix_digit(keys[j], shift), keys[j] != key_t(kExcludedKey));
     }
-    int64_t rank = std::min(std::max<int64_t>(k, 0), static_cast<int64_t>(keys_.size()));
+    const int64_t members = merge_counts(histogram);
+    int64_t rank = std::min(std::max<int64_t>(k, 0), members);
     if (rank == 0) {
       threshold = neg_infinity<acc_t>();
       cutoff = -1;
       return;
     }
-    key_t prefix = 0;
-    for (int shift = KeyBits<key_t>::value - kRadixBits; shift >= 0; shift -= kRadixBits) {
-      int64_t histogram[kRadixSize] = {};
-      for (const key_t key : keys_) ++histogram[radix_digit(key, shift)];
-      const int digit = radix_pick(histogram, rank);
-      prefix |= static_cast<key_t>(digit) << shift;
-      size_t kept = 0;
-      for (size_t i = 0; i < keys_.size(); ++i) {
-        if (radix_digit(keys_[i], shift) != digit) continue;
-        keys_[kept] = keys_[i];
-        index_[kept++] = index_[i];
-      }
-      keys_.resize(kept);
-      index_.resize(kept);
+    int digit = radix_pick(histogram, rank);
+    key_t prefix = static_cast<key_t>(digit) << shift;
+    keys_.resize(count);
+    index_.resize(count);
+    int64_t kept = 0;
+    // the members whose first digit is `digit`
+    clear_counts();
+    for (int64_t j = 0; j < count; ++j) {
+      const bool match = keys[j] != key_t(kExcludedKey) && radix_digit(keys[j], shift) == digit;
+      keys_[kept] = keys[j];
+      index_[kept] = j;
+      count_digit(j, radix_digit(keys[j], shift - kRadixBits), match);
+      kept += match;
     }
-    // the survivors all equal the threshold key, in j order; `rank` counts among them
+    merge_counts(histogram);
+    for (shift -= kRadixBits; shift >= 0; shift -= kRadixBits) {
+      digit = radix_pick(histogram, rank);
+      prefix |= static_cast<key_t>(digit) << shift;
+      if (shift == 0) break;
+      clear_counts();
+      int64_t survivors = 0;
+      for (int64_t i = 0; i < kept; ++i) {
+        const key_t key = keys_[i];
+        const bool match = radix_digit(key, shift) == digit;
+        keys_[survivors] = key;
+        index_[survivors] = index_[i];
+        count_digit(i, radix_digit(key, shift - kRadixBits), match);
+        survivors += match;
+      }
+      merge_counts(histogram);
+      kept = survivors;
+    }
+    // the members equal to the threshold key are the survivors of the last pass with that last
+    // digit, in j order; `rank` counts among them
+    for (int64_t i = 0; i < kept; ++i) {
+      if (keys_[i] == prefix && --rank == 0) {
+        cutoff = index_[i];
+        break;
+      }
+    }
     threshold = key_to_score<acc_t>(prefix);
-    cutoff = index_[rank - 1];
   }
 
  private:
+  // Digit counts in kCopies interleaved histograms (element i counts in copy i % kCopies): keys
+  // cluster in few digits, and consecutive increments of one counter would wait on each other's
+  // store; separate copies keep several increments in flight.
+  static constexpr int kCopies = 4;
+
+  void clear_counts() { std::fill(&counts_[0][0], &counts_[0][0] + kCopies * kRadixSize, int32_t{0}); }
+
+  void count_digit(int64_t i, int digit, bool weight) { counts_[i % kCopies][digit] += weight; }
+
+  // histogram[digit] = the counts of every copy; returns their total.
+  int64_t merge_counts(int64_t* histogram) const {
+    int64_t total = 0;
+    for (int digit = 0; digit < kRadixSize; ++digit) {
+      int64_t sum = 0;
+      for (int copy = 0; copy < kCopies; ++copy) sum += counts_[copy][digit];
+      histogram[digit] = sum;
+      total += sum;
+    }
+    return total;
+  }
+
+  int32_t counts_[kCopies][kRadixSize];
   std::vector<key_t> keys_;     // candidates still matching the chosen digits
   std::vector<int64_t> index_;  // their j
 };

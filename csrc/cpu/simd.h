@@ -1,14 +1,17 @@
 // SIMD evaluation of the score / distance chains of pnn_rows.h for many vectors at once.
 //
 // Vectors are stored transposed in tiles of kTile, so one SIMD register holds element k of
-// several vectors and each lane runs exactly the scalar chain acc = term(a_k, v_k, acc): the
-// result does not depend on the lane, the tile or the instruction set (mul and add are never
-// fused, see -ffp-contract=off in setup.py), only the speed does.  x86-64 builds pick AVX2 at
-// run time when the CPU has it; everything else uses 16-byte vectors (SSE2 / NEON).
+// several vectors and each lane runs exactly the scalar chain acc = term(a_k, v_k, acc), one
+// fused multiply-add per step as on CUDA: the result does not depend on the lane, the tile, the
+// instruction set or the backend, only the speed does.  x86-64 builds pick AVX2 + FMA at run
+// time when the CPU has them; everything else uses 16-byte vectors with a per-lane std::fma
+// (one instruction on AArch64; a slow but exact library call on x86 without FMA).
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/pnn_rows.h"
@@ -22,14 +25,34 @@
 
 namespace pnn_fast {
 
-// Vectors per tile (lanes evaluated together): 8 independent SSE or 4 AVX2 accumulators.
-constexpr int64_t kTile = 32;
+// Vectors per tile (lanes evaluated together): 8 independent AVX2 accumulators, enough chains
+// in flight to keep both FMA ports busy despite the 4-cycle latency of each step.
+constexpr int64_t kTile = 64;
 
 #ifdef PNN_SIMD_VECTORS
 #define PNN_ALWAYS_INLINE __attribute__((always_inline)) inline
 #else
 #define PNN_ALWAYS_INLINE inline
 #endif
+
+// The fused multiply-add of a chain step on kBytes-wide vectors (or scalars in a scalar build).
+template <int kBytes>
+struct VectorFma {
+  template <typename V>
+  PNN_ALWAYS_INLINE V operator()(V a, V b, V c) const {
+    if constexpr (std::is_arithmetic_v<V>) {
+      return std::fma(a, b, c);
+    } else {
+      using lane_t = std::remove_reference_t<decltype(a[0])>;
+#ifdef PNN_SIMD_AVX2_DISPATCH
+      if constexpr (kBytes == 32 && sizeof(lane_t) == 4) return __builtin_ia32_vfmaddps256(a, b, c);
+      if constexpr (kBytes == 32 && sizeof(lane_t) == 8) return __builtin_ia32_vfmaddpd256(a, b, c);
+#endif
+      for (int lane = 0; lane < kBytes / static_cast<int>(sizeof(lane_t)); ++lane) a[lane] = std::fma(a[lane], b[lane], c[lane]);
+      return a;
+    }
+  }
+};
 
 // out[j] for the tiles [tile_begin, tile_end) of `tiles` (d x kTile values per tile), with
 // kBytes-wide vectors (kBytes = sizeof(acc_t): scalar code).
@@ -53,7 +76,7 @@ PNN_ALWAYS_INLINE void tile_chains(const acc_t* a, const acc_t* tiles, int64_t d
       for (int64_t q = 0; q < nvec; ++q) {
         vec x;
         std::memcpy(&x, t + k * kTile + q * width, sizeof x);
-        acc[q] = term(ak, x, acc[q]);
+        acc[q] = term(ak, x, acc[q], VectorFma<kBytes>{});
       }
     }
     std::memcpy(out + tile * kTile, acc, sizeof acc);
@@ -62,7 +85,7 @@ PNN_ALWAYS_INLINE void tile_chains(const acc_t* a, const acc_t* tiles, int64_t d
 
 #ifdef PNN_SIMD_AVX2_DISPATCH
 template <typename acc_t, typename Term>
-__attribute__((target("avx2"))) void tile_chains_avx2(const acc_t* a, const acc_t* tiles, int64_t d,
+__attribute__((target("avx2,fma"))) void tile_chains_avx2(const acc_t* a, const acc_t* tiles, int64_t d,
                                                       int64_t tile_begin, int64_t tile_end, Term term, acc_t* out) {
   tile_chains<32>(a, tiles, d, tile_begin, tile_end, term, out);
 }
@@ -72,7 +95,7 @@ template <typename acc_t, typename Term>
 void tile_chains_dispatch(const acc_t* a, const acc_t* tiles, int64_t d, int64_t tile_begin, int64_t tile_end,
                           Term term, acc_t* out) {
 #ifdef PNN_SIMD_AVX2_DISPATCH
-  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (has_avx2) return tile_chains_avx2(a, tiles, d, tile_begin, tile_end, term, out);
 #endif
 #ifdef PNN_SIMD_VECTORS
