@@ -13,8 +13,9 @@ Before timing, one warm-up epoch must give a finite mean loss.
 
     python -m pytest bench/bench_epochs.py -p no:cacheprovider --benchmark-json /tmp/bench_epochs.json
 
-``BENCH_THREADS`` (default 1), ``BENCH_ROUNDS`` (default 3) and ``BENCH_LOSSES`` (a comma list,
-default all) are the knobs.
+``BENCH_THREADS`` (default 1), ``BENCH_ROUNDS`` (default 3), ``BENCH_LOSSES`` (a comma list,
+default all) and ``BENCH_DEVICE`` (default cpu; cuda times the epochs on the GPU, synchronised
+before the clock stops) are the knobs.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data")) / "ml-1m"
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+DEVICE = os.environ.get("BENCH_DEVICE", "cpu")
 
 # name -> (objective, its arguments): every registered objective with its defaults, the PNN
 # variant of docs/results.md (8 sampled candidates, no uniformity term), and issue 14's leaders
@@ -62,7 +64,7 @@ def test_epoch(benchmark, data, tmp_path, name):
     if name not in CASES:
         pytest.fail(f"BENCH_LOSSES names {name!r}; known: {sorted(CASES)}")
     loss, loss_args = CASES[name]
-    trainer = Trainer(data, TrainConfig(model="mf", loss=loss, loss_args=loss_args, seed=2020), tmp_path)
+    trainer = Trainer(data, TrainConfig(model="mf", loss=loss, loss_args=loss_args, seed=2020, device=DEVICE), tmp_path)
     assert math.isfinite(trainer.train_epoch(progress=False))  # warm-up, and the check before timing
     benchmark.group = "ml-1m mf epoch"
     benchmark.extra_info.update(threads=THREADS, loss=loss, loss_args=trainer.objective.args,

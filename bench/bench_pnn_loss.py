@@ -2,7 +2,8 @@
 backend against the fused kernels, and on CUDA also torch.compile of the reference.
 
     pytest bench/bench_pnn_loss.py --benchmark-only        # pytest-benchmark, one row per case
-    python bench/bench_pnn_loss.py [--batches 2048 8192] [--threads 2] [--json rows.json]
+    python bench/bench_pnn_loss.py [--batches 2048 8192] [--threads 2] [--shape ml-1m] [--devices cuda]
+                                   [--json rows.json]
 
 The script prints one table with the median time (p20-p80), the speed-up over the reference, the
 ratio to the step's arithmetic floor (``floor_step``: the bare score and uniformity products and
@@ -107,12 +108,12 @@ def test_pnn_loss_step(benchmark, device, provider, batch):
     benchmark.pedantic(synced, rounds=rounds_for(device, provider, batch), iterations=1, warmup_rounds=1)
 
 
-def run_table(batches, threads: int, shape: str = "default") -> list:
+def run_table(batches, threads: int, shape: str = "default", devices=DEVICES) -> list:
     """One row per (device, batch, provider): median time, speed-up over the reference, the
     provider's time over the floor's (measured in the same run), and memory."""
     torch.set_num_threads(threads)
     rows, reference_loss = [], {}
-    for device in DEVICES:
+    for device in devices:
         for batch in batches:
             steps, timings = {}, {}
             for provider in PROVIDERS[device]:
@@ -152,10 +153,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--shape", choices=sorted(SHAPES), default="default",
                         help="users, items and items per user of the synthetic problem")
+    parser.add_argument("--devices", nargs="+", choices=DEVICES, default=DEVICES,
+                        help=f"devices to time (default: {' '.join(DEVICES)})")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     print("| dev  | provider          | B     | median (p20-p80)        | speed-up | / floor | memory of one step |")
-    rows = run_table(args.batches, args.threads, args.shape)
+    rows = run_table(args.batches, args.threads, args.shape, args.devices)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -1,0 +1,181 @@
+"""Every registered kernel of ``pnn_fast::`` once, forward and backward, on one device: the
+workload that ``bench/gpu_check.sh`` runs under compute-sanitizer (memcheck, racecheck).
+
+Small problems keep the sanitizers' run short; one shared candidate list of ``LARGE_C`` items
+per op that keeps a row's candidates in shared memory on CUDA pushes the row past the 227 KB an
+H100 block can hold, so the uncached (multi-pass) path of those kernels runs too.  Each call is
+checked against the reference backend, so a kernel that runs clean but computes garbage fails.
+
+    python bench/gpu_smoke.py --device cuda            # what the sanitizers run
+    python bench/gpu_smoke.py --device cuda --compile  # also torch.compile(PNNLoss) vs eager
+
+Exits non-zero, naming the op, on a mismatch; prints one line per op otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+from batches import make_batch  # noqa: E402  (the test suite's problem builder)
+
+from pnn_fast import ops  # noqa: E402
+from pnn_fast.backends import reference  # noqa: E402
+from pnn_fast.losses import PNNLoss  # noqa: E402
+
+#: above the largest shared candidate list a CUDA block caches (57,826 float32 keys and indices on
+#: an H100, see the shared-memory budget in csrc/cuda)
+LARGE_C = 60_000
+
+
+def registered_ops(device: str) -> set:
+    """The op names (schemas without _fwd/_bwd) with a kernel for ``device``'s dispatch key."""
+    key = "CUDA" if device == "cuda" else "CPU"
+    names = set()
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith("pnn_fast::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
+            names.add(name.removeprefix("pnn_fast::").removesuffix("_fwd").removesuffix("_bwd"))
+    return names
+
+
+def close(name: str, got, want, **tol) -> None:
+    try:
+        torch.testing.assert_close(got, want, **tol)
+    except AssertionError as err:
+        raise SystemExit(f"gpu_smoke: {name}: the fused result differs from the reference: "
+                         f"{str(err).splitlines()[0]}") from None
+
+
+def problems(device: str) -> dict:
+    """Grid-valued problems (exact scores, so ties resolve alike on every backend): shared and
+    per-row candidates, and 3 rows sharing a list of LARGE_C candidates (the uncached path)."""
+    shared = make_batch(200, 32, dtype=torch.float32, grid=True, seed=7, device=device)
+    per_row = make_batch(200, 32, per_row=37, dtype=torch.float32, grid=True, seed=8, device=device)
+    large = make_batch(3, 32, dtype=torch.float32, grid=True, num_items=LARGE_C + 100, seed=9, device=device)
+    gen = torch.Generator().manual_seed(9)
+    large["candidates"] = torch.randint(0, LARGE_C + 100, (LARGE_C,), generator=gen).to(device)
+    return {"shared": shared, "per-row": per_row, "shared, uncached": large}
+
+
+def row_ops(batch: dict) -> None:
+    """count_unlabeled, hard_negative_argmax, class_centroids (fwd + bwd) on one problem."""
+    args = (batch["user_emb"], batch["item_table"], batch["users"], batch["pos_items"], batch["candidates"],
+            batch["known"])
+    count = ops.count_unlabeled(*args)
+    hard, unlabeled = ops.hard_negative_argmax(*args)
+    scores = reference.row_scores(batch["user_emb"], batch["item_table"], batch["candidates"])
+    mask = reference.unlabeled_mask(batch["known"], batch["users"], batch["pos_items"], batch["candidates"])
+    close("count_unlabeled", count, mask.sum(1))
+    close("hard_negative_argmax", hard, reference.hard_negative(scores, mask))
+    close("hard_negative_argmax (|U_b|)", unlabeled, mask.sum(1))
+    k = (count // 3).clamp_min(0)
+    item_table = batch["item_table"].detach().requires_grad_()
+    neutral, negative, *_ = ops.class_centroids(batch["user_emb"], item_table, batch["users"], batch["pos_items"],
+                                                batch["candidates"], batch["known"], k)
+    (neutral.sum() + 2 * negative.sum()).backward()
+    table = batch["item_table"].detach().requires_grad_()
+    emb = reference.candidate_embeddings(table, batch["candidates"])
+    negative_mask = reference.bottom_k_mask(scores, mask, k)
+    neutral_mask = mask & ~negative_mask
+
+    def mean(member):
+        weights = member.to(table.dtype)
+        return reference.class_sum(weights, emb) / weights.sum(1, keepdim=True).clamp_min(1)
+
+    want_neutral, want_negative = mean(neutral_mask), mean(negative_mask)
+    (want_neutral.sum() + 2 * want_negative.sum()).backward()
+    close("class_centroids (neutral)", neutral, want_neutral)
+    close("class_centroids (negative)", negative, want_negative)
+    close("class_centroids (backward)", item_table.grad, table.grad)
+
+
+def table_ops(device: str) -> None:
+    """embedding_bpr, gathered_dots, gathered_norm (fwd + bwd), pairwise_uniformity (fwd + bwd),
+    unknown_items and history_sample, each against its definition in plain torch."""
+    gen = torch.Generator().manual_seed(3)
+    users_n, items_n, d, rows, k = 50, 80, 24, 64, 5
+    user_table = torch.randn(users_n, d, generator=gen).to(device).requires_grad_()
+    item_table = torch.randn(items_n, d, generator=gen).to(device).requires_grad_()
+    users = torch.randint(0, users_n, (rows,), generator=gen).to(device)
+    pos = torch.randint(0, items_n, (rows,), generator=gen).to(device)
+    neg = torch.randint(0, items_n, (rows, k), generator=gen).to(device)
+
+    def grads(value):
+        user_table.grad = item_table.grad = None
+        value.backward()
+        return value.detach(), *(torch.zeros_like(t) if t.grad is None else t.grad.clone()
+                                 for t in (user_table, item_table))
+
+    u, p, n = user_table[users], item_table[pos], item_table[neg]
+    want = torch.nn.functional.softplus((u[:, None] * n).sum(-1) - (u * p).sum(-1, keepdim=True)).mean()
+    want = want + 1e-3 * (u.norm() + p.norm() + n.norm()) / rows
+    want = grads(want)
+    close("embedding_bpr", grads(ops.embedding_bpr(user_table, item_table, users, pos, neg, 1e-3)), want,
+          rtol=1e-4, atol=1e-5)
+    want = grads(((user_table[users][:, None] * item_table[neg]).sum(-1) ** 2).sum())
+    close("gathered_dots", grads((ops.gathered_dots(user_table[users], item_table, neg) ** 2).sum()), want,
+          rtol=1e-4, atol=1e-4)
+    want = grads(item_table[neg.reshape(-1)].norm())
+    close("gathered_norm", grads(ops.gathered_norm(item_table, neg.reshape(-1))), want, rtol=1e-4, atol=1e-5)
+    x = item_table[:40]
+    distances = torch.cdist(x, x).pow(2)
+    off_diagonal = ~torch.eye(40, dtype=torch.bool, device=device)
+    want = grads(torch.logsumexp(-2 * distances[off_diagonal], 0) - torch.log(torch.tensor(40.0 * 39)))
+    close("pairwise_uniformity", grads(ops.pairwise_uniformity(x, 2.0)), want, rtol=1e-4, atol=1e-5)
+
+    batch = make_batch(rows, 8, dtype=torch.float32, num_items=items_n, seed=5, device=device)
+    known, uniform = batch["known"], torch.rand(rows, 16, generator=gen).to(device)
+    drawn = ops.unknown_items(known, batch["users"], uniform)
+    if known.contains(batch["users"][:, None].expand_as(drawn), drawn).any():
+        raise SystemExit("gpu_smoke: unknown_items drew a known item")
+    history = ops.history_sample(known, batch["users"], uniform)
+    valid = history >= 0
+    if not known.contains(batch["users"][:, None].expand_as(history)[valid], history[valid]).all():
+        raise SystemExit("gpu_smoke: history_sample drew an item the user does not know")
+
+
+def compiled_loss(device: str) -> None:
+    """torch.compile of PNNLoss on the fused backend, forward and backward, against eager."""
+    batch = make_batch(256, 32, dtype=torch.float32, grid=True, seed=11, device=device)
+    loss_fn = PNNLoss(batch["known"], 32, backend=device, validate=False).to(device)
+    compiled = torch.compile(loss_fn)
+    results = []
+    for fn in (loss_fn, compiled):
+        user_emb = batch["user_emb"].detach().requires_grad_()
+        item_table = batch["item_table"].detach().requires_grad_()
+        torch.manual_seed(0)  # the attention's history draws
+        loss = fn(user_emb, item_table, batch["users"], batch["pos_items"], noise=(batch["noise_pos"], batch["noise_neg"]))
+        loss.backward()
+        results.append((loss.detach(), user_emb.grad, item_table.grad))
+    close("torch.compile(PNNLoss)", results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile", action="store_true", help="also torch.compile(PNNLoss) against eager")
+    args = parser.parse_args()
+    called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "embedding_bpr", "gathered_dots",
+              "gathered_norm", "pairwise_uniformity", "unknown_items", "history_sample"}
+    missing = registered_ops(args.device) - called
+    if missing:
+        raise SystemExit(f"gpu_smoke: registered ops not exercised here: {sorted(missing)}; add them")
+    for label, batch in problems(args.device).items():
+        row_ops(batch)
+        print(f"gpu_smoke: row ops ({label}) ok on {args.device}", flush=True)
+    table_ops(args.device)
+    print(f"gpu_smoke: table ops ok on {args.device}", flush=True)
+    if args.compile:
+        compiled_loss(args.device)
+        print(f"gpu_smoke: torch.compile(PNNLoss) matches eager on {args.device}", flush=True)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
