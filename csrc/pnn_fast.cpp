@@ -44,9 +44,9 @@ TORCH_LIBRARY(pnn_fast, m) {
       "Tensor users, Tensor pos_items, Tensor candidates, Tensor known_indptr, Tensor known_indices, "
       "Tensor threshold, Tensor cutoff, Tensor num_neutral, Tensor num_negative) -> Tensor");
   // log mean_{i != j} exp(-t ||x_i - x_j||^2) of x [n, d]: a 0-dim tensor (0 when n < 2)
-  m.def("pairwise_uniformity_fwd(Tensor x, float t) -> Tensor");
+  m.def("pairwise_uniformity_fwd(Tensor x, float t) -> (Tensor, Tensor)");
   // grad_x [n, d] given the 0-dim grad and the forward's output
-  m.def("pairwise_uniformity_bwd(Tensor grad, Tensor x, float t, Tensor output) -> Tensor");
+  m.def("pairwise_uniformity_bwd(Tensor grad, Tensor x, float t, Tensor total) -> Tensor");
 
   // Table lookups of a training step (the sampler, BPR and RecBole's L2 term).
   // int64 [B, K]: for float32 uniform [B, K] in [0, 1), the floor(u * (num_items - N_u))-th item not known to users[b]

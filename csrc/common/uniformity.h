@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cmath>
+#include <tuple>
 
 namespace pnn_fast {
 
@@ -22,10 +23,20 @@ inline double log_num_pairs(int64_t n) {
   return std::log(static_cast<double>(n)) + std::log(static_cast<double>(n - 1));
 }
 
-// The loss from the log-sum-exp (0-dim float64) over a set of pairs whose exponentials sum to
-// 1 / pair_multiplicity of the sum over all ordered pairs (2 when each unordered pair was taken once).
-inline at::Tensor uniformity_from_total(const at::Tensor& total_lse, double pair_multiplicity, const at::Tensor& x) {
-  return (total_lse + (std::log(pair_multiplicity) - log_num_pairs(x.size(0)))).to(x.scalar_type());
+// The forward's outputs from the log-sum-exp (0-dim float64) over a set of pairs whose
+// exponentials sum to 1 / pair_multiplicity of the sum over all ordered pairs (2 when each
+// unordered pair was taken once): (the loss in x's dtype, the float64 log-sum-exp over all ordered
+// pairs).  The backward takes the second, so its weights exp(l_ij - L) never see L rounded to
+// x's dtype (in bfloat16 that rounding alone would scale every gradient by up to 1%).
+inline std::tuple<at::Tensor, at::Tensor> uniformity_outputs(const at::Tensor& total_lse, double pair_multiplicity,
+                                                             const at::Tensor& x) {
+  const at::Tensor ordered = total_lse.to(at::kDouble) + std::log(pair_multiplicity);
+  return {(ordered - log_num_pairs(x.size(0))).to(x.scalar_type()), ordered};
+}
+
+// The outputs for fewer than two points: a zero loss and no pairs (the backward returns zeros).
+inline std::tuple<at::Tensor, at::Tensor> empty_uniformity_outputs(const at::Tensor& x) {
+  return {at::zeros({}, x.options()), at::full({}, -INFINITY, x.options().dtype(at::kDouble))};
 }
 
 }  // namespace pnn_fast

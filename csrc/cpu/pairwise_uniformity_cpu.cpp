@@ -38,10 +38,10 @@ void block_distances(const TiledVectors<acc_t>& tiles, const scalar_t* points, i
   }
 }
 
-at::Tensor pairwise_uniformity_fwd_cpu(const at::Tensor& x, double t) {
+std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cpu(const at::Tensor& x, double t) {
   const at::Tensor points = prepare_points(kUniformityFwd, x, t);
   const int64_t n = points.size(0), d = points.size(1);
-  if (n < 2) return at::zeros({}, x.options());
+  if (n < 2) return empty_uniformity_outputs(x);
   const at::ScalarType acc_dtype = opmath_dtype(x.scalar_type());
   // Row i's log-sum-exp over the pairs (i, j > i): every unordered pair once, the loss counts
   // it twice.  Task p takes blocks p and nb-1-p, whose pair counts add up to about the same.
@@ -77,19 +77,19 @@ at::Tensor pairwise_uniformity_fwd_cpu(const at::Tensor& x, double t) {
   const at::Tensor rows = row_lse.to(at::kDouble).contiguous();
   LogSumExp<double> total = lse_empty<double>();
   for (int64_t i = 0; i < n; ++i) lse_add(total, rows.data_ptr<double>()[i]);
-  return uniformity_from_total(at::scalar_tensor(lse_value(total), rows.options()), 2.0, points);
+  return uniformity_outputs(at::scalar_tensor(lse_value(total), rows.options()), 2.0, points);
 }
 
 at::Tensor pairwise_uniformity_bwd_cpu(const at::Tensor& grad, const at::Tensor& x, double t,
-                                       const at::Tensor& output) {
+                                       const at::Tensor& total) {
   const at::Tensor points = prepare_points(kUniformityBwd, x, t);
-  TORCH_CHECK(grad.numel() == 1 && output.numel() == 1, kUniformityBwd, ": grad and output must be scalars");
+  TORCH_CHECK(grad.numel() == 1 && total.numel() == 1, kUniformityBwd, ": grad and total must be scalars");
   const int64_t n = points.size(0), d = points.size(1);
   if (n < 2) return at::zeros_like(x);
   // d loss / d x_i = -4 t sum_{j != i} w_ij (x_i - x_j), w_ij = exp(l_ij - L): l_ij appears
   // in the ordered pairs (i, j) and (j, i), and d ||x_i - x_j||^2 / d x_i = 2 (x_i - x_j).
   // Per block: grad_i = scale (x_i sum_j w_ij - (W X)_i).
-  const double total_lse = output.item<double>() + log_num_pairs(n);
+  const double total_lse = total.item<double>();
   const double scale = grad.item<double>() * -4.0 * t;
   const at::ScalarType acc_dtype = opmath_dtype(x.scalar_type());
   const at::Tensor x_acc = points.to(acc_dtype).contiguous();

@@ -133,9 +133,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     using acc_t = at::opmath_type<scalar_t>;
     using key_t = typename KeyOf<acc_t>::type;
     const int64_t key_bytes = in.num_candidates * static_cast<int64_t>(sizeof(key_t));
-    const int64_t static_bytes =
-        sizeof(SelectShared<key_t>) + sizeof(HardShared<key_t>) + kThreads * (sizeof(int8_t) + sizeof(int64_t));
-    const bool cached = key_bytes <= max_shared_memory_per_block() - static_bytes;
+    const bool cached = key_bytes <= dynamic_shared_budget(class_centroids_fwd_kernel<scalar_t, acc_t, true>);
     const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
     const auto kernel = cached ? class_centroids_fwd_kernel<scalar_t, acc_t, true>
                                : class_centroids_fwd_kernel<scalar_t, acc_t, false>;

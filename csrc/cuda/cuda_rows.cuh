@@ -23,6 +23,16 @@ inline int64_t max_shared_memory_per_block() {
   return bytes;
 }
 
+// The dynamic shared memory `kernel` may request: the device's opt-in maximum per block minus the
+// kernel's static shared memory as ptxas laid it out, which aligns each struct (to 16 bytes) and
+// so can exceed the sum of their sizeof.
+template <typename Kernel>
+int64_t dynamic_shared_budget(Kernel kernel) {
+  cudaFuncAttributes attributes;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  return max_shared_memory_per_block() - static_cast<int64_t>(attributes.sharedSizeBytes);
+}
+
 // Sum over the block (every thread gets the result); `scratch` holds kWarps values.
 template <typename T>
 __device__ T block_sum(T value, T* scratch) {

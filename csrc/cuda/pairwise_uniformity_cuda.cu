@@ -43,14 +43,13 @@ __global__ void uniformity_rows_kernel(const scalar_t* x, int64_t n, int64_t d, 
   if (threadIdx.x == 0) row_lse[i] = static_cast<double>(lse_value(LogSumExp<acc_t>{maxima[0], sums[0]}));
 }
 
-// grad_x[i] = -4 t grad sum_{j != i} exp(l_ij - L) (x_i - x_j), L = output + log(n (n - 1)).
+// grad_x[i] = -4 t grad sum_{j != i} exp(l_ij - L) (x_i - x_j), L = the forward's float64 total.
 template <typename scalar_t, typename acc_t>
 __global__ void uniformity_grad_kernel(const scalar_t* x, int64_t n, int64_t d, acc_t neg_t, double t,
-                                       const scalar_t* grad, const scalar_t* output, double log_pairs, acc_t* acc,
-                                       scalar_t* grad_x) {
+                                       const scalar_t* grad, const double* total, acc_t* acc, scalar_t* grad_x) {
   __shared__ acc_t weights[kThreads];
   const int64_t i = blockIdx.x;
-  const acc_t total_lse = static_cast<acc_t>(static_cast<double>(static_cast<acc_t>(output[0])) + log_pairs);
+  const acc_t total_lse = static_cast<acc_t>(total[0]);
   const acc_t scale = static_cast<acc_t>(static_cast<double>(static_cast<acc_t>(grad[0])) * -4.0 * t);
   acc_t* acc_i = acc + i * d;  // zeroed workspace; each thread owns its dims
   for (int64_t j0 = 0; j0 < n; j0 += kThreads) {
@@ -72,10 +71,10 @@ __global__ void uniformity_grad_kernel(const scalar_t* x, int64_t n, int64_t d, 
   }
 }
 
-at::Tensor pairwise_uniformity_fwd_cuda(const at::Tensor& x, double t) {
+std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cuda(const at::Tensor& x, double t) {
   const at::Tensor points = prepare_points(kUniformityFwd, x, t);
   const int64_t n = points.size(0), d = points.size(1);
-  if (n < 2) return at::zeros({}, x.options());
+  if (n < 2) return empty_uniformity_outputs(x);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor row_lse = at::empty({n}, x.options().dtype(at::kDouble));
   PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityFwd, [&] {
@@ -83,28 +82,28 @@ at::Tensor pairwise_uniformity_fwd_cuda(const at::Tensor& x, double t) {
     launch_rows(uniformity_rows_kernel<scalar_t, acc_t>, n, 0, points.data_ptr<scalar_t>(), n, d,
                 static_cast<acc_t>(-t), row_lse.data_ptr<double>());
   });
-  return uniformity_from_total(at::logsumexp(row_lse, {0}), 1.0, points);
+  return uniformity_outputs(at::logsumexp(row_lse, {0}), 1.0, points);
 }
 
 at::Tensor pairwise_uniformity_bwd_cuda(const at::Tensor& grad, const at::Tensor& x, double t,
-                                        const at::Tensor& output) {
+                                        const at::Tensor& total) {
   const at::Tensor points = prepare_points(kUniformityBwd, x, t);
-  TORCH_CHECK(grad.numel() == 1 && output.numel() == 1, kUniformityBwd, ": grad and output must be scalars");
+  TORCH_CHECK(grad.numel() == 1 && total.numel() == 1, kUniformityBwd, ": grad and total must be scalars");
   check_same_device(kUniformityBwd, points, "x", grad, "grad");
-  check_same_device(kUniformityBwd, points, "x", output, "output");
+  check_same_device(kUniformityBwd, points, "x", total, "total");
   const int64_t n = points.size(0), d = points.size(1);
   if (n < 2) return at::zeros_like(x);
   const c10::cuda::CUDAGuard guard(x.device());
   // grad and output stay on the device (no host synchronisation)
   const at::Tensor grad_in = grad.to(points.scalar_type()).contiguous();
-  const at::Tensor output_in = output.to(points.scalar_type()).contiguous();
+  const at::Tensor total_in = total.to(at::kDouble).contiguous();
   at::Tensor acc = at::zeros({n, d}, x.options().dtype(opmath_dtype(x.scalar_type())));
   at::Tensor grad_x = at::empty({n, d}, points.options());
   PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityBwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     launch_rows(uniformity_grad_kernel<scalar_t, acc_t>, n, 0, points.data_ptr<scalar_t>(), n, d,
-                static_cast<acc_t>(-t), t, grad_in.data_ptr<scalar_t>(), output_in.data_ptr<scalar_t>(),
-                log_num_pairs(n), acc.data_ptr<acc_t>(), grad_x.data_ptr<scalar_t>());
+                static_cast<acc_t>(-t), t, grad_in.data_ptr<scalar_t>(), total_in.data_ptr<double>(),
+                acc.data_ptr<acc_t>(), grad_x.data_ptr<scalar_t>());
   });
   return grad_x;
 }

@@ -18,27 +18,32 @@ def pairwise_uniformity(x: torch.Tensor, t: float) -> torch.Tensor:
         memory and a log-sum-exp, so any scale of ``x`` is safe.
     """
     _extension.require_kernels(x.device)
-    return OPS.pairwise_uniformity_fwd.default(x, float(t))
+    value, _ = OPS.pairwise_uniformity_fwd.default(x, float(t))
+    return value
 
 
+# The forward also returns the float64 log-sum-exp over all ordered pairs, ``total``, which the
+# backward needs unrounded (the loss itself is rounded to x's dtype).
 @torch.library.register_fake("pnn_fast::pairwise_uniformity_fwd")
 def _(x, t):
-    return x.new_empty(())
+    return x.new_empty(()), x.new_empty((), dtype=torch.float64)
 
 
 @torch.library.register_fake("pnn_fast::pairwise_uniformity_bwd")
-def _(grad, x, t, output):
+def _(grad, x, t, total):
     return x.new_empty(x.shape)
 
 
 def _uniformity_setup_context(ctx, inputs, output):
     ctx.t = inputs[1]
-    ctx.save_for_backward(inputs[0], output)
+    _, total = output
+    ctx.mark_non_differentiable(total)
+    ctx.save_for_backward(inputs[0], total)
 
 
-def _uniformity_backward(ctx, grad):
-    x, output = ctx.saved_tensors
-    return OPS.pairwise_uniformity_bwd.default(grad, x, ctx.t, output), None
+def _uniformity_backward(ctx, grad, _grad_total):
+    x, total = ctx.saved_tensors
+    return OPS.pairwise_uniformity_bwd.default(grad, x, ctx.t, total), None
 
 
 torch.library.register_autograd("pnn_fast::pairwise_uniformity_fwd", _uniformity_backward,

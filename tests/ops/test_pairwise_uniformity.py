@@ -81,12 +81,12 @@ def test_pairwise_uniformity_gradcheck(device, scale):
 def opcheck_cases(device: str) -> list:
     """(op, args) for each schema of this op, the forward with and without an x requiring grad."""
     x = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
-    value = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0)
+    _, total = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0)
     grad = torch.tensor(0.5, dtype=torch.float64, device=device)
     return [
         (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x, 2.0]),
         (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x.clone().requires_grad_(), 2.0]),
-        (torch.ops.pnn_fast.pairwise_uniformity_bwd.default, [grad, x, 2.0, value]),
+        (torch.ops.pnn_fast.pairwise_uniformity_bwd.default, [grad, x, 2.0, total]),
     ]
 
 
@@ -97,3 +97,21 @@ def test_bad_input_is_a_clear_error():
         ops.pairwise_uniformity(torch.zeros(3), 2.0)
     with pytest.raises(RuntimeError, match="t must be finite"):
         ops.pairwise_uniformity(torch.zeros(3, 2), float("nan"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_gradient_is_off_only_by_its_own_rounding(device, dtype):
+    """The backward weights exp(l_ij - L) use the forward's float64 L, not L rebuilt from the loss
+    rounded to x's dtype: with the loss near -20 (a bf16 ulp of 0.125 there) that rounding alone
+    would scale every gradient by up to 6%. What remains is the rounding of each gradient entry to
+    x's dtype, at most half an ulp."""
+    x = (torch.randn(30, 8, generator=torch.Generator().manual_seed(4)) * 1.0).to(dtype).to(device)
+    value = ops.pairwise_uniformity(x.requires_grad_(), 2.0)
+    assert value.item() < -8  # a loss whose rounding in x's dtype is far coarser than the gradients'
+    grad = torch.autograd.grad(value, x)[0].double()
+    x64 = x.detach().double().requires_grad_()
+    want = torch.autograd.grad(ops.pairwise_uniformity(x64, 2.0), x64)[0]
+    half_ulp = torch.finfo(dtype).eps / 2
+    tiny = torch.finfo(dtype).tiny  # entries that underflow in the low precision
+    assert ((grad - want).abs() <= half_ulp * want.abs() * 1.01 + 4 * tiny + 1e-6 * want.abs().max()).all()
