@@ -13,7 +13,7 @@ from ._checks import check_int, check_real
 from .data import load_dataset, synthetic_dataset
 from .objectives import OBJECTIVES
 from .study import load_plan, run_study, write_summary
-from .train import Trainer, TrainConfig, load_config, run
+from .train import Trainer, TrainConfig, TrainingInterrupted, load_config, run
 
 EXAMPLES = """examples:
   pnn-fast train                                   # built-in synthetic data, MF + PNN
@@ -231,7 +231,11 @@ def _train(args) -> None:
     if first_rank:
         print(data.summary())
     out = args.out or Path("runs") / f"{data.name}-{args.model}-{args.loss}"
-    run(data, config, out, resume=args.resume, progress=not args.no_progress)
+    try:
+        run(data, config, out, resume=args.resume, progress=not args.no_progress)
+    except TrainingInterrupted as err:
+        print(f"pnn-fast: {err}", file=sys.stderr)
+        raise SystemExit(130) from None
     if first_rank:
         print(f"results: {Path(out) / 'results.json'}, curves: {Path(out) / 'curves.png'}")
 

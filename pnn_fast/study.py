@@ -389,6 +389,7 @@ def run_study(plan: Plan, out: os.PathLike | str | None = None, *, jobs: int = 1
     selected = [cell for cell in plan.cells if only is None or fnmatch.fnmatchcase(cell.key, only)]
     if not selected:
         raise ValueError(f"--only {only!r} matches no cell; cell names look like {plan.cells[0].key}")
+    # a diverged cell has a results.json too (saying so): it would diverge again, so it is not retried
     pending = [cell for cell in selected if not (cell.folder(out) / RESULTS_FILE).exists()]
     log(f"study {plan.name}: {len(selected)} cells, {len(selected) - len(pending)} finished before, "
         f"{len(pending)} to train ({jobs} jobs x {threads} threads); output in {out}")
@@ -459,8 +460,11 @@ def summarize(plan: Plan, out: os.PathLike | str) -> dict:
         runs[group] = {}
         for cell in cells:
             results_file = cell.folder(out) / RESULTS_FILE
-            if results_file.exists():
-                runs[group][cell.seed] = json.loads(results_file.read_text())
+            results = json.loads(results_file.read_text()) if results_file.exists() else None
+            if results is not None and results.get("status") == "diverged":
+                unfinished.append({"cell": cell.key, "status": "failed", "error": results["error"]})
+            elif results is not None:
+                runs[group][cell.seed] = results
             else:
                 unfinished.append({"cell": cell.key, **_cell_status(cell.folder(out))})
     groups = []

@@ -181,6 +181,12 @@ class Trainer:
     def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.step(users, pos, self.generator)
 
+    def _diverged(self, batch: int, batches: int, terms: list) -> "TrainingDiverged":
+        where = f"epoch {self.epoch + 1}" + (f", batch {batch + 1} of {batches}" if batch >= 0 else "")
+        named = f" (non-finite terms: {', '.join(terms)})" if terms else ""
+        return TrainingDiverged(f"training diverged: the loss of {where} is not finite{named}; the last finite "
+                                f"epoch is {self.epoch} (its checkpoint is kept)")
+
     def train_epoch(self, progress: bool = True) -> float:
         self.model.train()
         self.objective.train()
@@ -197,15 +203,31 @@ class Trainer:
         users, items = self.train_users[order], self.train_items[order]
         total = torch.zeros((), device=self.device)
         size = self.config.batch_size
-        for start in tqdm(range(0, n, size), desc=f"epoch {self.epoch + 1}", leave=False,
-                          disable=not progress or self.rank != 0, unit="batch"):
+        batches = (n + size - 1) // size
+        # A non-finite loss stops the epoch at once where checking costs nothing (one process on the
+        # CPU), before its step spoils the weights, and names the terms by replaying the batch. Elsewhere
+        # a check would sync every step: the first bad batch is kept on the device and read at the end.
+        check_each = self.device.type == "cpu" and self.world_size == 1
+        first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
+        for batch, start in enumerate(tqdm(range(0, n, size), desc=f"epoch {self.epoch + 1}", leave=False,
+                                           disable=not progress or self.rank != 0, unit="batch")):
             lo, hi = distributed.shard(start, min(start + size, n))
+            draws = self.generator.get_state() if check_each else None
             loss = self._batch_loss(users[lo:hi], items[lo:hi])
+            if check_each and not torch.isfinite(loss):
+                self.generator.set_state(draws)
+                raise self._diverged(batch, batches, self.objective.nonfinite_terms(
+                    self.model, users[lo:hi], items[lo:hi], self.generator))
+            if not check_each:
+                first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss.detach()), batch, first_bad)
             self.adam.zero_grad()
             loss.backward()
             self.adam.step()
             total.add_(loss.detach(), alpha=hi - lo)
-        return float(distributed.sum_over_ranks(total)) / n  # the epoch's only host sync
+        mean = float(distributed.sum_over_ranks(total)) / n  # the epoch's only host sync
+        if not math.isfinite(mean):
+            raise self._diverged(int(first_bad), batches, [])
+        return mean
 
     # ---- evaluation ----------------------------------------------------------------
     def scoring_tables(self) -> tuple:
@@ -246,8 +268,16 @@ class Trainer:
             "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
         }
         tmp = self.checkpoint_path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint_path)  # atomic: a crash never leaves a half-written checkpoint
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, self.checkpoint_path)  # atomic: a crash never leaves a half-written checkpoint
+        except (OSError, RuntimeError) as err:  # torch's zip writer reports a full disk as a RuntimeError
+            tmp.unlink(missing_ok=True)
+            kept = ("the previous checkpoint there is intact" if self.checkpoint_path.exists()
+                    else "there is no earlier checkpoint")
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else " ".join(str(err).split())
+            raise CheckpointWriteError(f"could not write the checkpoint {self.checkpoint_path} after epoch "
+                                       f"{self.epoch}: {reason}; {kept}") from None
 
     def load_checkpoint(self) -> None:
         state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
@@ -272,7 +302,8 @@ class Trainer:
         if not writes:
             def log(*_):
                 return None
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if writes:
+            _check_writable(self.out_dir)  # before any training, not at the first checkpoint
         if resume:
             if not self.checkpoint_path.exists():
                 raise FileNotFoundError(f"--resume: no checkpoint at {self.checkpoint_path}")
@@ -281,10 +312,18 @@ class Trainer:
         cfg = self.config
         while self.epoch < cfg.epochs and self.epoch - max(self.best["epoch"], 0) < cfg.patience + 1:
             start = time.perf_counter()
-            loss = self.train_epoch(progress)
-            if not math.isfinite(loss):  # the checkpoint on disk is still the last finite epoch's
-                raise RuntimeError(f"training diverged: the loss of epoch {self.epoch + 1} is {loss}; the last "
-                                         f"finite epoch is {self.epoch} (its checkpoint is kept)")
+            try:
+                loss = self.train_epoch(progress)
+            except KeyboardInterrupt:  # Ctrl-C: the epoch in progress is abandoned, the last one is on disk
+                kept = (f"the checkpoint of epoch {self.epoch} is kept: rerun the same command with --resume"
+                        if self.epoch > 0 and writes else "no epoch had finished: rerun the same command")
+                raise TrainingInterrupted(f"interrupted in epoch {self.epoch + 1}; {kept}") from None
+            except TrainingDiverged as err:  # the checkpoint on disk is still the last finite epoch's
+                if writes:
+                    record = {**self.results({}), "status": "diverged", "error": str(err),
+                              "last_finite_epoch": self.epoch}
+                    (self.out_dir / "results.json").write_text(json.dumps(record, indent=2))
+                raise
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
@@ -320,6 +359,29 @@ class Trainer:
         }
 
 
+class TrainingDiverged(RuntimeError):
+    """A non-finite training loss; the message names the epoch, the batch and, where known, the terms."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training; the message says which checkpoint is kept and how to resume."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, say); the previous one is left intact."""
+
+
+def _check_writable(folder: Path) -> None:
+    """Creates ``folder`` and writes a file there, or fails in one line naming it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"output folder {folder}: cannot write there ({err.strerror or err})") from None
+
+
 def plot_curves(history: list, metric: str, path: Path) -> None:
     """Training loss and the validation metric per epoch, as a PNG."""
     import matplotlib  # here, not at the top: matplotlib takes a second to import and only plots need it
@@ -350,4 +412,5 @@ def run(data: Dataset, config: TrainConfig, out_dir, *, resume: bool = False, pr
     return Trainer(data, config, out_dir).fit(resume=resume, progress=progress, log=log)
 
 
-__all__ = ["TrainConfig", "Trainer", "run", "embedding_l2", "plot_curves", "load_config"]
+__all__ = ["TrainConfig", "Trainer", "TrainingDiverged", "TrainingInterrupted", "CheckpointWriteError", "run",
+           "embedding_l2", "plot_curves", "load_config"]

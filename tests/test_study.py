@@ -163,6 +163,23 @@ def test_a_failing_cell_is_reported_and_the_others_finish(tmp_path, capsys):
     assert "syn/mf/broken/seed1`: failed: ValueError: neg_size" in (tmp_path / "out" / "summary.md").read_text()
 
 
+def test_a_diverged_cell_counts_as_failed_and_is_not_retried(tmp_path, capsys):
+    """A cell whose training diverged leaves a results.json saying so (the trainer's record); the
+    summary lists it as failed with its error, and a rerun does not train it again."""
+    plan = tmp_path / "one.toml"
+    plan.write_text(PLAN.replace("seeds = [1, 2, 3]", "seeds = [1]").split("[[configs]]")[0]
+                    + '[[configs]]\nname = "bpr"\n')
+    folder = tmp_path / "out" / "cells" / "syn" / "mf" / "bpr" / "seed1"
+    folder.mkdir(parents=True)
+    error = "training diverged: the loss of epoch 2, batch 1 of 4 is not finite; the last finite epoch is 1"
+    (folder / "results.json").write_text(json.dumps({"status": "diverged", "error": error}))
+    assert study(plan, tmp_path / "out", "--jobs", "1") == 0
+    assert "1 cells, 1 finished before, 0 to train" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["finished"] == 0
+    assert summary["unfinished"] == [{"cell": "syn/mf/bpr/seed1", "status": "failed", "error": error}]
+
+
 @pytest.mark.parametrize("change, where", [
     (("name = \"dns\"\n", "name = \"dns\"\nlearning_rate = 0.1\n"), "configs[1].learning_rate: unknown key"),
     (("loss = \"dns\"\n", "loss = \"dnz\"\n"), "configs[2].loss: unknown loss 'dnz'"),

@@ -318,13 +318,3 @@ def test_lean_adam_step_equals_optimizer_step(weight_decay):
     for key in s_ref["state"]:
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(s_lean["state"][key][name], s_ref["state"][key][name]), (key, name)
-
-
-def test_a_diverging_run_stops_with_its_last_finite_epoch_kept(tmp_path, monkeypatch):
-    data = synthetic_dataset(num_users=40, num_items=30, seed=1)
-    trainer = Trainer(data, TrainConfig(loss="bpr", epochs=5, dim=8), tmp_path)
-    losses = iter([0.69, float("nan")])
-    monkeypatch.setattr(trainer, "train_epoch", lambda progress=True: next(losses))
-    with pytest.raises(RuntimeError, match=r"diverged: the loss of epoch 2 is nan; the last finite epoch is 1"):
-        trainer.fit(progress=False, log=lambda *_: None)
-    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["epoch"] == 1

@@ -90,5 +90,11 @@ class Objective(nn.Module):
         stream; ``reg_weight`` the trainer's L2 weight, which the objective may fuse (see above)."""
         raise NotImplementedError
 
+    def nonfinite_terms(self, model: Recommender, users: torch.Tensor, pos_items: torch.Tensor,
+                        generator: torch.Generator) -> list:
+        """The names of the loss's terms that are not finite on this batch, for the trainer's
+        divergence report; objectives whose loss is one term return []."""
+        return []
+
     def on_epoch_start(self, model: Recommender, generator: torch.Generator) -> None:
         """Per-epoch work before the first batch (e.g. refreshing a negative memory)."""

@@ -1,6 +1,8 @@
 """PNN, the paper's method, as a training objective (docs/semantics.md)."""
 from __future__ import annotations
 
+import torch
+
 from ..backends.rows import gather_rows
 from ..losses import PNNLoss
 from .base import BatchLoss, Objective, register
@@ -50,3 +52,11 @@ class PNNObjective(Objective):
         # the loss draws its sampled candidates (if any) from the trainer's stream
         loss = self.loss_fn(gather_rows(user_table, users), item_table, users, pos_items, generator=generator)
         return BatchLoss(loss, users, pos_items)
+
+    @torch.no_grad()
+    def nonfinite_terms(self, model, users, pos_items, generator):
+        user_table, item_table = model.embeddings()
+        _, components = self.loss_fn(gather_rows(user_table, users), item_table, users, pos_items,
+                                     generator=generator, return_components=True)
+        return [name for name, value in components.items()
+                if torch.is_floating_point(value) and not torch.isfinite(value).all()]
