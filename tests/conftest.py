@@ -12,3 +12,19 @@ def data_path(name: str) -> Path:
     if not path.exists():
         pytest.skip(f"dataset {name!r} not found under {DATA_DIR} (set PNN_FAST_DATA)")
     return path
+
+
+# hypothesis profiles (tests/test_property_parity.py): "ci", the default, replays the same examples
+# on every run; HYPOTHESIS_PROFILE=long searches far more, randomly.  No example database: a failure
+# prints its reproduction (@example / @reproduce_failure blob) instead of hiding it in .hypothesis/.
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # hypothesis is a test extra; the property tests skip without it
+    pass
+else:
+    _SLOW_DATA = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, database=None,
+                              print_blob=True, suppress_health_check=_SLOW_DATA)
+    settings.register_profile("long", max_examples=5000, deadline=None, database=None, print_blob=True,
+                              suppress_health_check=_SLOW_DATA)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
