@@ -23,7 +23,7 @@ except ImportError:  # hypothesis is a test extra; the property tests skip witho
     pass
 else:
     _SLOW_DATA = [HealthCheck.too_slow, HealthCheck.data_too_large]
-    settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, database=None,
+    settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True, database=None,
                               print_blob=True, suppress_health_check=_SLOW_DATA)
     settings.register_profile("long", max_examples=5000, deadline=None, database=None, print_blob=True,
                               suppress_health_check=_SLOW_DATA)
