@@ -9,6 +9,7 @@ Nothing here changes what is computed; the pause only holds the process still.
 """
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -49,6 +50,9 @@ def install(flag: str, stage: str, epoch: int) -> None:
 
 
 if __name__ == "__main__":
+    # a job started in the background of a non-interactive shell (as CI may start the tests) inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler; a run in a terminal has one
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     flag, stage, epoch, separator, *train_args = sys.argv[1:]
     assert separator == "--", "usage: fault_target.py FLAG STAGE EPOCH -- TRAIN-ARGS"
     install(flag, stage, int(epoch))

@@ -85,7 +85,10 @@ def test_sigint_stops_with_the_checkpoint_kept_and_says_how_to_resume(tmp_path, 
     out = tmp_path / "run"
     process = start_paused(tmp_path, "batch", 3, out)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    try:
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()  # a no-op once it has exited; never leave it sleeping if it did not
     assert process.returncode == 130, err
     assert "interrupted in epoch 3" in err and "--resume" in err and "Traceback" not in err, err
     assert torch.load(out / "checkpoint.pt", weights_only=False)["epoch"] == 2
