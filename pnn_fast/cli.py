@@ -187,22 +187,13 @@ def _loss_args(args) -> dict:
     if args.loss == "pnn" and "preset" in pairs:
         # a preset sets every PNN argument but the backend: the flags' defaults give way to it,
         # and a flag set to anything else contradicts it
-        defaults = _loss_args(_pnn_defaults(args))
+        defaults = _loss_args(build_parser().parse_args(["train", "--loss", "pnn"]))
         changed = sorted(key for key in named if key != "backend" and named[key] != defaults[key])
         if changed:
             raise ValueError(f"--loss-arg preset={pairs['preset']} sets every PNN argument but backend; "
                              f"drop the flags that set {changed}")
         named = {"backend": args.backend}
     return {**named, **pairs}
-
-
-def _pnn_defaults(args) -> argparse.Namespace:
-    """``args`` with every PNN flag at its default (and no --loss-arg)."""
-    parser = _Parser(add_help=False)
-    _add_train_args(parser)
-    defaults = vars(parser.parse_args([]))
-    return argparse.Namespace(**{**vars(args), **{k: v for k, v in defaults.items() if k != "loss"},
-                                 "loss": "pnn", "loss_arg": []})
 
 
 def _load_data(args):
