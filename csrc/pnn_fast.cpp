@@ -73,4 +73,10 @@ TORCH_LIBRARY(pnn_fast, m) {
   m.def("gathered_dots_fwd(Tensor rows, Tensor table, Tensor ids) -> Tensor");
   // (grad_rows [B, d], grad_table [n, d]) given grad [B, K]
   m.def("gathered_dots_bwd(Tensor grad, Tensor rows, Tensor table, Tensor ids) -> (Tensor, Tensor)");
+  // (values [B, k] in scores' dtype, columns int64 [B, k]): each row's k best columns, best first,
+  // equal scores by ascending column, a column of an exclusion set of user rows[b] scoring -inf;
+  // exclusion sets are CSR (indptr, indices) over users, sorted within a row; a NaN score that is
+  // not excluded is an error (the evaluator's full ranking)
+  m.def("masked_topk(Tensor scores, Tensor rows, Tensor[] exclude_indptr, Tensor[] exclude_indices, int k) "
+        "-> (Tensor, Tensor)");
 }

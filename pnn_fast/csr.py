@@ -93,6 +93,19 @@ class CSR:
         rows = rows.long()
         return self.indptr[rows + 1] - self.indptr[rows]
 
+    def entries_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The entries of ``rows`` (int [n]), in order: (position of the row in ``rows``, column id),
+        both int64 [entries]; row-major, so ascending columns within a row."""
+        rows = rows.long()
+        start = self.indptr[rows]
+        counts = self.indptr[rows + 1] - start
+        total = int(counts.sum())
+        local = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), counts, output_size=total)
+        # Entry t of the result is entry (t - first entry of its row) of that row in the CSR.
+        row_first = torch.cumsum(counts, 0) - counts
+        position = start[local] + torch.arange(total, device=rows.device) - row_first[local]
+        return local, self.indices[position]
+
     def to(self, device):
         """A copy on ``device`` (self when already there)."""
         device = torch.device(device)

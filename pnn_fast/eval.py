@@ -30,9 +30,13 @@ Here equal scores are ordered by ascending item id, which is one of the orders
 ``batch_size`` or device.  Excluded items never count as hits, even when a user
 has fewer than K candidate items and ``-inf`` entries fill the list.
 
-Cost: users are processed ``batch_size`` at a time, each batch allocating a few
-``[batch_size, num_items]`` tensors on the tables' device; nothing of size
-users x items is ever allocated.
+A NaN score at an item that is not excluded is an error (ValueError), not a silent rank.
+
+Cost: users are processed ``batch_size`` at a time.  Each batch is one score product
+``[batch_size, d] x [d, I]`` and, with the compiled kernels, one pass of
+:func:`pnn_fast.ops.masked_topk` over it that keeps each row's K best in a heap and looks
+excluded items up only for the few scores that could enter; without them, the reference
+(a masked copy and ``torch.topk``).  Nothing of size users x items is ever allocated.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ import math
 from collections.abc import Sequence
 import torch
 
+from . import backends
 from ._checks import check_id_tensor, require_tensor
 from .csr import CSR
 
@@ -73,52 +78,24 @@ def _as_csr(name: str, obj, num_users: int, num_items: int, device: torch.device
     indices = obj.indices.to(device=device, dtype=torch.int64)
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= num_items):
         raise ValueError(f"{name}.indices must lie in [0, {num_items})")
-    return CSR(obj.indptr.to(device=device, dtype=torch.int64), indices, num_users, num_items)
-
-
-def _rows_of(csr: CSR, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entries of the given users' rows: (position of the user in ``users``, item id), both int64 [nnz_batch]."""
-    start = csr.indptr[users]
-    counts = csr.indptr[users + 1] - start
-    total = int(counts.sum())
-    local = torch.repeat_interleave(torch.arange(users.numel(), device=users.device), counts, output_size=total)
-    # Entry t of the batch is entry (t - first entry of its row) of its user's CSR row.
-    row_first = torch.cumsum(counts, 0) - counts
-    position = start[local] + torch.arange(total, device=users.device) - row_first[local]
-    return local, csr.indices[position]
-
-
-def _topk_lowest_id_on_ties(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k best entries per row, best first, equal scores ordered by ascending column.
-
-    scores: float [B, n], k <= n.  Returns (values [B, k], columns int64 [B, k]).
-    """
-    # One extra entry tells whether the k-th score also occurs outside the top k: only in such
-    # rows did torch.topk choose freely among tied columns, and there the lowest-numbered
-    # tied columns are taken instead.
-    values, columns = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1)
-    if values.shape[1] > k:
-        rows = (values[:, k] == values[:, k - 1]).nonzero().squeeze(1)
-        values, columns = values[:, :k], columns[:, :k]
-        if rows.numel():
-            kth = values[rows, k - 1 :]
-            need = (values[rows] == kth).sum(dim=1)  # tied slots inside the top k: its last `need`
-            tied = scores[rows] == kth
-            chosen = tied & (torch.cumsum(tied, dim=1) <= need[:, None])
-            which, column = chosen.nonzero(as_tuple=True)  # row-major: ascending columns within a row
-            first = torch.cumsum(need, 0) - need
-            slot = k - need[which] + torch.arange(which.numel(), device=scores.device) - first[which]
-            columns[rows[which], slot] = column
-    # Order equal scores by column: sort by column, then stably by descending score.
-    by_column = torch.argsort(columns, dim=1)
-    columns, values = columns.gather(1, by_column), values.gather(1, by_column)
-    by_score = torch.sort(values, dim=1, descending=True, stable=True).indices
-    return values.gather(1, by_score), columns.gather(1, by_score)
+    indptr = obj.indptr.to(device=device, dtype=torch.int64)
+    if indptr[0] != 0 or bool((indptr[1:] < indptr[:-1]).any()) or int(indptr[-1]) != indices.numel():
+        raise ValueError(f"{name}.indptr must rise from 0 to the number of indices ({indices.numel()})")
+    # The kernels walk each row in ascending order: rows given unsorted (or with repeats) are sorted
+    # (and deduplicated) here.
+    ascending = indices[1:] > indices[:-1]
+    row_starts = indptr[1:-1][indptr[1:-1] < indices.numel()]
+    ascending[row_starts[row_starts > 0] - 1] = True
+    if not bool(ascending.all()):
+        rows = torch.repeat_interleave(torch.arange(num_users, device=device), indptr[1:] - indptr[:-1])
+        return CSR.from_checked_pairs(rows, indices, num_users, num_items)
+    return CSR(indptr, indices, num_users, num_items)
 
 
 @torch.no_grad()
 def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, exclude=(), *,
-             ks: Sequence[int] = (10, 20), metrics: Sequence[str] = METRICS, batch_size: int = 1024) -> dict[str, float]:
+             ks: Sequence[int] = (10, 20), metrics: Sequence[str] = METRICS, batch_size: int = 1024,
+             backend: str = "auto") -> dict[str, float]:
     """Full-ranking top-K metrics of dot-product scores (definitions in the module docstring).
 
     Args:
@@ -130,6 +107,8 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
         ks: cut-offs, positive ints.
         metrics: names from ``("recall", "ndcg", "hit", "precision", "mrr")``.
         batch_size: users scored at a time; peak memory is a few ``batch_size x I`` tensors.
+        backend: who ranks (as PNNLoss's ``backend``): "auto" (the compiled kernel where it was built
+            for the device, else the reference), "reference", "cpu" or "cuda".
     Returns:
         ``{"recall@10": ..., "ndcg@20": ..., ...}`` (metric-major, then ks in the given order):
         means over users with >= 1 ground-truth item; NaN when there is no such user.
@@ -150,12 +129,16 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
         raise ValueError(f"unknown metric(s) {unknown}; choose from {list(METRICS)}")
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    ranking = backends.select(backend, user_table.device)
 
     num_users, num_items = user_table.shape[0], item_table.shape[0]
     device = user_table.device
     truth = _as_csr("ground_truth", ground_truth, num_users, num_items, device)
     if hasattr(exclude, "indptr") or _is_pair(exclude):
         exclude = (exclude,)
+    exclude = list(exclude)
+    if len(exclude) > 8:
+        raise ValueError(f"exclude: at most 8 sets, got {len(exclude)}")
     masks = [_as_csr(f"exclude[{n}]", e, num_users, num_items, device) for n, e in enumerate(exclude)]
 
     max_k = max(ks)
@@ -172,15 +155,14 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
     for begin in range(0, evaluated.numel(), batch_size):
         users = evaluated[begin:begin + batch_size]
         scores = user_table[users] @ item_table.T  # [B, I]
-        for mask in masks:
-            rows, items = _rows_of(mask, users)
-            scores[rows, items] = -math.inf
-        rows, items = _rows_of(truth, users)
-        relevant = torch.zeros(scores.shape, dtype=torch.bool, device=device)
-        relevant[rows, items] = True
-        values, top = _topk_lowest_id_on_ties(scores, ranked)
+        values, top = ranking.masked_topk(scores, users, masks, ranked)
+        # relevance of the ranked items: look each (row, item) up among the rows' sorted truth keys
+        rows, items = truth.entries_of(users)
+        truth_keys = rows * num_items + items  # ascending: rows in order, items sorted within a row
+        ranked_keys = torch.arange(users.numel(), device=device)[:, None] * num_items + top
+        found = truth_keys[torch.searchsorted(truth_keys, ranked_keys).clamp_(max=truth_keys.numel() - 1)] == ranked_keys
         hits = torch.zeros(users.numel(), max_k, dtype=torch.float64, device=device)
-        hits[:, :ranked] = (relevant.gather(1, top) & (values > -math.inf)).double()
+        hits[:, :ranked] = (found & (values > -math.inf)).double()
 
         n_truth = counts_all[users].double()[:, None]  # [B, 1]
         found = torch.cumsum(hits, dim=1)[:, k_index]  # [B, len(ks)]: hits within each k

@@ -1,14 +1,18 @@
 """Evaluator: hand-computed metrics, tie order, batching, and a slow per-user reference."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from pnn_fast import _extension
 from pnn_fast.csr import CSR
 from pnn_fast.eval import evaluate
 from pnn_fast.known import KnownPositives
 
 KS = (2, 5)
+#: who ranks: the reference and the compiled CPU kernel (pnn_fast.ops.masked_topk) where it is built
+BACKENDS = ["reference"] + (["cpu"] if _extension.has_kernels("cpu") else [])
 
 
 def _pairs(rows: dict[int, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,9 +171,10 @@ def _random_case(seed: int, num_users=37, num_items=23, dim=4, integer=False):
     return users, items, truth, [train, valid]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("integer", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_matches_slow_reference(seed, integer):
+def test_matches_slow_reference(seed, integer, backend):
     users, items, truth, exclude = _random_case(seed, integer=integer)
     ks = (1, 3, 10, 30)
     excluded: dict[int, set[int]] = {}
@@ -177,16 +182,17 @@ def test_matches_slow_reference(seed, integer):
         for u, s in _as_sets(pairs).items():
             excluded.setdefault(u, set()).update(s)
     expected = slow_evaluate(users, items, _as_sets(truth), excluded, ks)
-    got = evaluate(users, items, truth, exclude, ks=ks, batch_size=8)
+    got = evaluate(users, items, truth, exclude, ks=ks, batch_size=8, backend=backend)
     assert set(got) == set(expected)
     for key in expected:
         assert got[key] == pytest.approx(expected[key], abs=1e-9), key
 
 
-def test_tie_order_forced_at_the_boundary():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tie_order_forced_at_the_boundary(backend):
     # Ten tied items for a top-3; ties go to the lowest ids whichever order topk returned.
     users, items = _score_tables([[0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]])
-    got = evaluate(users, items, _pairs({0: [3, 9]}), ks=(3,), metrics=("recall", "mrr"))
+    got = evaluate(users, items, _pairs({0: [3, 9]}), ks=(3,), metrics=("recall", "mrr"), backend=backend)
     assert got == {"recall@3": 0.5, "mrr@3": pytest.approx(1 / 3)}
 
 
@@ -198,17 +204,18 @@ def test_tie_order_does_not_depend_on_topk_internals(monkeypatch):
         return values[:, :k], x.shape[1] - 1 - order[:, :k]
 
     users, items, truth, exclude = _random_case(3, integer=True)
-    expected = evaluate(users, items, truth, exclude, ks=(1, 4, 9))
+    expected = evaluate(users, items, truth, exclude, ks=(1, 4, 9), backend="reference")
     monkeypatch.setattr(torch, "topk", topk_highest_id_first)
-    assert evaluate(users, items, truth, exclude, ks=(1, 4, 9)) == pytest.approx(expected, abs=1e-12)
+    assert evaluate(users, items, truth, exclude, ks=(1, 4, 9), backend="reference") == pytest.approx(expected, abs=1e-12)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("integer", [False, True])
-def test_batch_size_does_not_change_results(integer):
+def test_batch_size_does_not_change_results(integer, backend):
     users, items, truth, exclude = _random_case(7, num_users=61, integer=integer)
-    one = evaluate(users, items, truth, exclude, ks=(5, 20), batch_size=1)
+    one = evaluate(users, items, truth, exclude, ks=(5, 20), batch_size=1, backend=backend)
     for batch_size in (3, 16, 4096):
-        other = evaluate(users, items, truth, exclude, ks=(5, 20), batch_size=batch_size)
+        other = evaluate(users, items, truth, exclude, ks=(5, 20), batch_size=batch_size, backend=backend)
         assert other == pytest.approx(one, abs=1e-12)
 
 
@@ -237,3 +244,34 @@ def test_argument_errors():
         evaluate(users, items, CSR.from_pairs(*_pairs({0: [1]}), 3, 4))
     with pytest.raises(TypeError, match="exclude"):
         evaluate(users, items, truth, [object()])
+    with pytest.raises(ValueError, match="exclude: at most 8 sets, got 9"):
+        evaluate(users, items, truth, [truth] * 9)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        evaluate(users, items, truth, backend="gpu")
+    rising_wrong = SimpleNamespace(indptr=torch.tensor([0, 2, 1, 1, 2]), indices=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"ground_truth.indptr must rise from 0 to the number of indices \(2\)"):
+        evaluate(users, items, rising_wrong)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_nan_score_is_an_error(backend):
+    users, items = _score_tables(HAND_SCORES)
+    users[2, 0] = math.nan  # (user 1 has no ground truth, so is never scored)
+    with pytest.raises(ValueError, match="NaN at a column that is not excluded"):
+        evaluate(users, items, _pairs(HAND_TRUTH), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unsorted_csr_rows_are_sorted_first(backend):
+    """A CSR-like object whose rows are unsorted or repeat an item: the same metrics as the sorted rows."""
+    users, items, truth, exclude = _random_case(11, integer=True)
+    sorted_truth = CSR.from_pairs(*truth, users.shape[0], items.shape[0])
+    sorted_train = CSR.from_pairs(*exclude[0], users.shape[0], items.shape[0])
+    expected = evaluate(users, items, sorted_truth, sorted_train, ks=(3, 10), backend=backend)
+    shuffled = []
+    for csr in (sorted_truth, sorted_train):
+        lengths = csr.indptr[1:] - csr.indptr[:-1]
+        keys = torch.repeat_interleave(torch.arange(lengths.numel()), lengths) * 1000 + torch.randperm(csr.nnz) % 1000
+        shuffled.append(SimpleNamespace(indptr=csr.indptr, indices=csr.indices[torch.argsort(keys)]))
+    assert any(bool((s.indices[1:] < s.indices[:-1]).any()) for s in shuffled)
+    assert evaluate(users, items, shuffled[0], shuffled[1], ks=(3, 10), backend=backend) == pytest.approx(expected, abs=1e-12)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <vector>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -9,6 +10,7 @@
 #include <ATen/OpMathType.h>
 
 #include "common/pnn_rows.h"
+#include "common/topk_row.h"
 
 namespace pnn_fast {
 
@@ -88,6 +90,53 @@ inline void check_ids_below(const char* op, const at::Tensor& ids, int64_t bound
   const auto [lo, hi] = at::aminmax(ids);
   TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < bound, op, ": ", name, " has ids outside [0, ", bound,
               ")");
+}
+
+// Contiguous, checked inputs of masked_topk (the tensors keep the raw pointers of `sets` alive).
+struct MaskedTopkInputs {
+  at::Tensor scores, rows;
+  std::vector<at::Tensor> indptr, indices;
+  ExclusionSets sets;
+  int64_t k = 0;
+};
+
+// Everything a kernel needs to stay inside its inputs: shapes, dtypes, devices, k in [1, I], user
+// ids within every set, and each indptr a valid partition of its indices.  Not checked, each an
+// O(nnz) pass per call: that exclusion rows are sorted (a precondition, as for known_indices).
+// Synchronises on CUDA.
+inline MaskedTopkInputs prepare_masked_topk(const char* op, const at::Tensor& scores, const at::Tensor& rows,
+                                            at::TensorList exclude_indptr, at::TensorList exclude_indices,
+                                            int64_t k) {
+  TORCH_CHECK(scores.dim() == 2 && at::isFloatingType(scores.scalar_type()), op,
+              ": scores must be a floating-point [B, I] tensor, got ", scores.scalar_type(), " ", scores.sizes());
+  check_tensor(op, scores, rows, "rows", at::kLong, {scores.size(0)}, "scores");
+  TORCH_CHECK_VALUE(k >= 1 && k <= scores.size(1), op, ": k must lie in [1, I] = [1, ", scores.size(1), "], got ", k);
+  TORCH_CHECK_VALUE(exclude_indptr.size() == exclude_indices.size(), op, ": exclude_indptr has ",
+                    exclude_indptr.size(), " tensors but exclude_indices ", exclude_indices.size());
+  TORCH_CHECK_VALUE(exclude_indptr.size() <= kMaxExcludeSets, op, ": at most ", kMaxExcludeSets,
+                    " exclusion sets, got ", exclude_indptr.size());
+  MaskedTopkInputs in;
+  in.scores = scores.contiguous();
+  in.rows = rows.contiguous();
+  in.k = k;
+  for (size_t s = 0; s < exclude_indptr.size(); ++s) {
+    check_tensor(op, scores, exclude_indptr[s], "exclude_indptr", at::kLong, {-1}, "scores");
+    check_tensor(op, scores, exclude_indices[s], "exclude_indices", at::kLong, {-1}, "scores");
+    const at::Tensor indptr = exclude_indptr[s].contiguous(), indices = exclude_indices[s].contiguous();
+    TORCH_CHECK_VALUE(indptr.numel() >= 1, op, ": exclude_indptr[", s, "] is empty (it needs num_users + 1 entries)");
+    const bool partition = indptr.numel() == 1 ? indptr.item<int64_t>() == 0
+        : (indptr[0].item<int64_t>() == 0 && (indptr.slice(0, 1) >= indptr.slice(0, 0, -1)).all().item<bool>());
+    TORCH_CHECK_VALUE(partition && indptr[-1].item<int64_t>() == indices.numel(), op, ": exclude_indptr[", s,
+                      "] must rise from 0 to the length of exclude_indices[", s, "] (", indices.numel(), ")");
+    check_ids_below(op, in.rows, indptr.numel() - 1, "rows");
+    // (an exclude_indices entry outside [0, I) never matches a column, so it is harmless: not checked)
+    in.sets.indptr[s] = indptr.data_ptr<int64_t>();
+    in.sets.indices[s] = indices.data_ptr<int64_t>();
+    in.indptr.push_back(indptr);
+    in.indices.push_back(indices);
+  }
+  in.sets.sets = static_cast<int>(exclude_indptr.size());
+  return in;
 }
 
 inline void check_id_ranges(const char* op, const RowInputs& in) {

@@ -13,10 +13,11 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..known import KnownPositives
-from ..ops import embedding_bpr, gathered_dots, gathered_norm, history_sample, pairwise_uniformity, unknown_items
+from ..ops import (embedding_bpr, gathered_dots, gathered_norm, history_sample, masked_topk, pairwise_uniformity,
+                  unknown_items)
 from .rows import NegSize, dot, gather_rows, negative_class_size, terms_from_centroids
 
-__all__ = ["embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample",
+__all__ = ["embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample", "masked_topk",
            "pairwise_uniformity", "pnn_row_terms", "unknown_items"]
 
 

@@ -11,9 +11,13 @@ of size [B, C, d] is ever built: scores and centroids are matrix products.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
+from ..csr import CSR
 from ..known import KnownPositives
 from .rows import NegSize, dot, gather_rows, negative_class_size, terms_from_centroids
 
@@ -211,3 +215,49 @@ def pairwise_uniformity(x: torch.Tensor, t: float) -> torch.Tensor:
     dist2 = (sq_norm[:, None] + sq_norm[None, :] - 2 * (x @ x.T)).clamp_min(0)
     logits = (-t * dist2).masked_fill(torch.eye(n, dtype=torch.bool, device=x.device), float("-inf"))
     return torch.logsumexp(logits.reshape(-1), dim=0) - torch.log(torch.tensor(float(n * (n - 1)), dtype=x.dtype, device=x.device))
+
+
+def _topk_lowest_column_on_ties(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best entries per row, best first, equal scores ordered by ascending column.
+
+    scores: float [B, n], k <= n.  Returns (values [B, k], columns int64 [B, k]).
+    """
+    # One extra entry tells whether the k-th score also occurs outside the top k: only in such
+    # rows did torch.topk choose freely among tied columns, and there the lowest-numbered
+    # tied columns are taken instead.
+    values, columns = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1)
+    if values.shape[1] > k:
+        rows = (values[:, k] == values[:, k - 1]).nonzero().squeeze(1)
+        values, columns = values[:, :k], columns[:, :k]
+        if rows.numel():
+            kth = values[rows, k - 1 :]
+            need = (values[rows] == kth).sum(dim=1)  # tied slots inside the top k: its last `need`
+            tied = scores[rows] == kth
+            chosen = tied & (torch.cumsum(tied, dim=1) <= need[:, None])
+            which, column = chosen.nonzero(as_tuple=True)  # row-major: ascending columns within a row
+            first = torch.cumsum(need, 0) - need
+            slot = k - need[which] + torch.arange(which.numel(), device=scores.device) - first[which]
+            columns[rows[which], slot] = column
+    # Order equal scores by column: sort by column, then stably by descending score.
+    by_column = torch.argsort(columns, dim=1)
+    columns, values = columns.gather(1, by_column), values.gather(1, by_column)
+    by_score = torch.sort(values, dim=1, descending=True, stable=True).indices
+    return values.gather(1, by_score), columns.gather(1, by_score)
+
+
+def masked_topk(scores: torch.Tensor, users: torch.Tensor, exclude: Sequence[CSR], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k best columns, an excluded column scoring -inf (as :func:`pnn_fast.ops.masked_topk`).
+
+    scores: float [B, I]; users: int [B]; exclude: CSR over users; 1 <= k <= I.
+    Returns (values [B, k], columns int64 [B, k]), best first, equal scores by ascending column.
+    """
+    if not 1 <= k <= scores.shape[1]:
+        raise ValueError(f"k must lie in [1, I] = [1, {scores.shape[1]}], got {k}")
+    scores = scores.clone()
+    for mask in exclude:
+        rows, items = mask.entries_of(users)
+        scores[rows, items] = -math.inf
+    nan_rows = torch.isnan(scores).any(dim=1).nonzero()
+    if nan_rows.numel():
+        raise ValueError(f"scores row {int(nan_rows[0])} has a NaN at a column that is not excluded")
+    return _topk_lowest_column_on_ties(scores, k)

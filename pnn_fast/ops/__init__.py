@@ -23,8 +23,9 @@ from .gathered_dots import gathered_dots
 from .gathered_norm import gathered_norm
 from .hard_negative_argmax import hard_negative_argmax
 from .history_sample import history_sample
+from .masked_topk import masked_topk
 from .pairwise_uniformity import pairwise_uniformity
 from .unknown_items import unknown_items
 
 __all__ = ["class_centroids", "count_unlabeled", "embedding_bpr", "gathered_dots", "gathered_norm",
-           "hard_negative_argmax", "history_sample", "pairwise_uniformity", "unknown_items"]
+           "hard_negative_argmax", "history_sample", "masked_topk", "pairwise_uniformity", "unknown_items"]

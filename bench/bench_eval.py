@@ -1,0 +1,115 @@
+"""Full-ranking evaluation against its floor, the bare score product, on real datasets (issue 12).
+
+For each dataset every validation user is ranked against all items, training items excluded,
+ks (10, 20), users in batches of 1024 (TrainConfig's eval_batch_size).  Providers, timed in one
+run on the same tables:
+
+* ``floor``: the score products ``table[users] @ items.T`` of the same batches and nothing else;
+* ``fused``: :func:`pnn_fast.eval.evaluate` with the compiled ``masked_topk`` (backend cpu / cuda);
+* ``reference``: the same with ``backend="reference"`` (a masked copy and ``torch.topk``).
+
+The tables are Gaussian (seed 0, d 64); before timing, the fused metrics must equal the
+reference's.  Run as a script for the markdown rows of bench/README.md, or under pytest-benchmark:
+
+    python bench/bench_eval.py --datasets ml-1m gowalla --threads 1
+    pytest bench/bench_eval.py
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from _harness import ROOT, environment, synchronize, time_step
+from pnn_fast import _extension
+from pnn_fast.csr import CSR
+from pnn_fast.data.loaders import load_dataset
+from pnn_fast.eval import evaluate
+
+DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data"))
+DATASETS = ("ml-1m", "gowalla")
+USERS_PER_BATCH = 1024
+KS = (10, 20)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and _extension.has_kernels("cuda") else [])
+ROUNDS = {"floor": 5, "fused": 5, "reference": 3}
+
+
+def problem(name: str, device: str) -> dict:
+    """The dataset's validation truth and training exclusions as CSR, and Gaussian tables."""
+    path = DATA / name
+    if not path.is_dir():
+        pytest.skip(f"{path} is missing (set PNN_FAST_DATA)")
+    data = load_dataset(path)
+    g = torch.Generator().manual_seed(0)
+    return {
+        "name": name,
+        "valid": CSR.from_pairs(*data.valid, data.num_users, data.num_items).to(device),
+        "train": CSR.from_pairs(*data.train, data.num_users, data.num_items).to(device),
+        "user_table": torch.randn(data.num_users, 64, generator=g).to(device),
+        "item_table": torch.randn(data.num_items, 64, generator=g).to(device),
+    }
+
+
+def runs(p: dict, device: str) -> dict:
+    """provider -> a closure doing one full evaluation pass (or its floor)."""
+    truth = p["valid"]
+    evaluated = ((truth.indptr[1:] - truth.indptr[:-1]) > 0).nonzero().squeeze(1)
+
+    def floor():
+        for begin in range(0, evaluated.numel(), USERS_PER_BATCH):
+            p["user_table"][evaluated[begin:begin + USERS_PER_BATCH]] @ p["item_table"].T
+
+    def ranked(backend):
+        return lambda: evaluate(p["user_table"], p["item_table"], truth, p["train"], ks=KS,
+                                batch_size=USERS_PER_BATCH, backend=backend)
+
+    return {"floor": floor, "fused": ranked(device), "reference": ranked("reference")}
+
+
+def checked_runs(name: str, device: str) -> dict:
+    closures = runs(problem(name, device), device)
+    fused, reference = closures["fused"](), closures["reference"]()
+    assert fused == pytest.approx(reference, abs=1e-12), (fused, reference)
+    return closures
+
+
+@pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_fast._C is not built")
+@pytest.mark.parametrize("provider", list(ROUNDS))
+@pytest.mark.parametrize("name", DATASETS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_full_ranking(benchmark, device, name, provider):
+    run = checked_runs(name, device)[provider]
+    benchmark.extra_info.update(environment(), device=device, dataset=name, provider=provider)
+
+    def synced():
+        run()
+        synchronize(torch.device(device))
+
+    benchmark.pedantic(synced, rounds=ROUNDS[provider], iterations=1, warmup_rounds=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--devices", nargs="+", choices=DEVICES, default=DEVICES)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print("| device | dataset | provider | median (p20-p80) | / floor |")
+    print("|---|---|---|---|---|")
+    for device in args.devices:
+        for name in args.datasets:
+            closures = checked_runs(name, device)
+            timings = {provider: time_step(run, torch.device(device), ROUNDS[provider])
+                       for provider, run in closures.items()}
+            for provider, timing in timings.items():
+                print(f"| {device} | {name} | {provider} | {timing['median_s'] * 1e3:.1f} ms "
+                      f"({timing['p20_s'] * 1e3:.0f}-{timing['p80_s'] * 1e3:.0f}) | "
+                      f"{timing['median_s'] / timings['floor']['median_s']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
