@@ -78,7 +78,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         "(||U[users]|| + ||I[pos]|| + ||I[neg]||) / B")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
-    g.add_argument("--patience", type=int, default=d.patience, help="early stopping: epochs without improvement")
+    g.add_argument("--patience", type=int, default=d.patience,
+                   help="early stopping: validations without improvement")
+    g.add_argument("--eval-every", type=int, default=d.eval_every,
+                   help="validate every N epochs (and after the last), as RecBole's eval_step")
     g.add_argument("--valid-metric", default=d.valid_metric, help="e.g. ndcg@20, recall@20, mrr@10")
     g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a model hyper-parameter by RecBole's name, e.g. n_layers=3 (repeatable)")
@@ -211,7 +214,7 @@ def _config(args, loss: str):
     return TrainConfig(
         model=args.model, loss=loss, dim=args.dim, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
         reg_weight=args.reg_weight, seed=args.seed, device=args.device, patience=args.patience,
-        valid_metric=args.valid_metric, loss_args=_loss_args(args),
+        eval_every=args.eval_every, valid_metric=args.valid_metric, loss_args=_loss_args(args),
         model_args=_parse_pairs("--model-arg", args.model_arg))
 
 

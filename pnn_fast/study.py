@@ -32,7 +32,7 @@ Plan::
 
 Every table may set ``seeds`` and any TrainConfig field but those a cell sets itself (model, loss,
 seed, model_args, loss_args): dim, epochs, batch_size, lr, reg_weight, device, patience,
-valid_metric, ks, eval_batch_size. For a cell the most specific table wins: config > model >
+valid_metric, ks, eval_batch_size, eval_every. For a cell the most specific table wins: config > model >
 dataset > study. :func:`load_plan` checks the whole plan before anything trains; every error names
 the plan file and the key, e.g. ``studies/x.toml: configs[2].loss_args.candidatez: ...``.
 

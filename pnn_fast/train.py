@@ -2,11 +2,11 @@
 
 Each epoch shuffles the training pairs on the device, draws negatives on the device
 (:func:`pnn_fast.sampling.sample_unknown`, exact and loop-free) and keeps the running loss
-on the device, so a batch costs no host synchronisation in the trainer itself. After each
-epoch it evaluates on the validation split, keeps the best state, writes a checkpoint
-(atomically: an interrupted run resumes where the last epoch ended, with the same random
-streams) and stops early after ``patience`` epochs without improvement. The test split is
-scored once, with the best state.
+on the device, so a batch costs no host synchronisation in the trainer itself. After every
+``eval_every``-th epoch (and the last) it evaluates on the validation split and keeps the best
+state; after each epoch it writes a checkpoint (atomically: an interrupted run resumes where the
+last epoch ended, with the same random streams); it stops early after ``patience`` validations
+without improvement. The test split is scored once, with the best state.
 """
 from __future__ import annotations
 
@@ -58,11 +58,12 @@ class TrainConfig:
     valid_metric: str = "ndcg@20"
     ks: tuple = (10, 20)
     eval_batch_size: int = 1024
+    eval_every: int = 1
     loss_args: dict = field(default_factory=dict)
     model_args: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("dim", "epochs", "batch_size", "patience", "eval_batch_size"):
+        for name in ("dim", "epochs", "batch_size", "patience", "eval_batch_size", "eval_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -310,7 +311,8 @@ class Trainer:
             self.load_checkpoint()
             log(f"resumed from {self.checkpoint_path} after epoch {self.epoch}")
         cfg = self.config
-        while self.epoch < cfg.epochs and self.epoch - max(self.best["epoch"], 0) < cfg.patience + 1:
+        # stop at the (patience + 1)-th validation without improvement: RecBole's stopping_step with eval_step
+        while self.epoch < cfg.epochs and self.epoch - max(self.best["epoch"], 0) < (cfg.patience + 1) * cfg.eval_every:
             start = time.perf_counter()
             try:
                 loss = self.train_epoch(progress)
@@ -327,10 +329,11 @@ class Trainer:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
-            valid = self.evaluate_split("valid") if "valid" in self.held_out else {}
+            validates = "valid" in self.held_out and ((self.epoch + 1) % cfg.eval_every == 0 or self.epoch + 1 == cfg.epochs)
+            valid = self.evaluate_split("valid") if validates else {}
             self.epoch += 1
             score = valid.get(cfg.valid_metric, -loss)  # no validation split: lowest training loss
-            if score > self.best["score"]:
+            if (validates or "valid" not in self.held_out) and score > self.best["score"]:
                 self.best = {"epoch": self.epoch, "score": score, "state": self.snapshot()}
             self.history.append({"epoch": self.epoch, "loss": loss, "train_seconds": seconds, "valid": valid})
             shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items() if k.endswith(f"@{max(cfg.ks)}"))
@@ -393,7 +396,8 @@ def plot_curves(history: list, metric: str, path: Path) -> None:
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(9, 3.5))
     ax_loss.plot(epochs, [h["loss"] for h in history], marker=".")
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
-    ax_metric.plot(epochs, [h["valid"].get(metric, float("nan")) for h in history], marker=".", color="C1")
+    validated = [h for h in history if metric in h["valid"]]  # every eval_every-th epoch
+    ax_metric.plot([h["epoch"] for h in validated], [h["valid"][metric] for h in validated], marker=".", color="C1")
     ax_metric.set(xlabel="epoch", ylabel=metric, title=f"validation {metric}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -48,6 +48,31 @@ def test_resume_refuses_other_settings(tmp_path):
         run(data, TrainConfig(loss="bpr", epochs=2, dim=8, lr=0.5), tmp_path, resume=True, progress=False)
 
 
+def test_eval_every_validates_every_nth_epoch_and_the_last(tmp_path):
+    data = small_data()
+    config = dict(loss="bpr", epochs=5, batch_size=256, dim=8, patience=100, lr=0.05)
+    every = run(data, TrainConfig(**config, eval_every=2), tmp_path / "every2", progress=False, log=lambda *_: None)
+    assert [h["epoch"] for h in every["epochs"] if h["valid"]] == [2, 4, 5]
+    assert every["best_epoch"] in (2, 4, 5)
+    # the same training (the validation draws no random numbers): the same losses, the metrics of
+    # the validated epochs, and the test score of the best one
+    each = run(data, TrainConfig(**config), tmp_path / "every1", progress=False, log=lambda *_: None)
+    assert [h["loss"] for h in every["epochs"]] == [h["loss"] for h in each["epochs"]]
+    for mine, theirs in zip(every["epochs"], each["epochs"]):
+        assert not mine["valid"] or mine["valid"] == theirs["valid"]
+    validated = {h["epoch"]: h["valid"]["ndcg@20"] for h in each["epochs"] if h["epoch"] in (2, 4, 5)}
+    assert every["best_epoch"] == max(validated, key=lambda e: (validated[e], -e))
+
+
+def test_patience_counts_validations(tmp_path):
+    """patience 1, eval_every 3: the run stops at the second validation without improvement, the
+    6th epoch after the best (with eval_every 1 it would be the 2nd)."""
+    data = small_data()
+    result = run(data, TrainConfig(loss="bpr", epochs=60, batch_size=256, dim=8, patience=1, lr=0.5, eval_every=3),
+                 tmp_path, progress=False, log=lambda *_: None)
+    assert len(result["epochs"]) == result["best_epoch"] + 6 < 60
+
+
 def popularity_ndcg(data):
     pop = torch.bincount(data.train[1], minlength=data.num_items).double()[:, None]
     return evaluate(torch.ones(data.num_users, 1, dtype=torch.float64), pop, data.test, [data.train, data.valid],
@@ -141,6 +166,7 @@ def test_cli_help_lists_options(capsys):
     (["train", "--loss", "sl", "--loss-arg", "num_negatives=8", "--loss-arg", "neg_size=8", "--epochs", "1"],
      "neg_size"),
     (["train", "--patience", "-1", "--epochs", "1"], "patience must be a positive int, got -1"),
+    (["train", "--eval-every", "0", "--epochs", "1"], "eval_every must be a positive int, got 0"),
     (["train", "--lr", "nan", "--epochs", "1"], "lr must be a finite number > 0"),
     # an unknown key is an error that lists the valid ones, never dropped
     (["train", "--model-arg", "reg_weight=1e-4", "--epochs", "1"],
