@@ -12,9 +12,14 @@ Docker host builds the same CUDA kernels a GPU machine does:
   FORCE_ONLY_CPU=1) builds CPU-only.
 * TORCH_CUDA_ARCH_LIST picks the GPU architectures; unset, the visible GPUs', or with none
   visible DEFAULT_ARCH_LIST (8.0;9.0+PTX). DEBUG=1 gives -O0 -g.
+* SANITIZE=address,undefined (any comma list of gcc/clang -fsanitize= names) compiles and links
+  the C++ kernels with those sanitizers, -fno-omit-frame-pointer and -fno-sanitize-recover=undefined
+  (a UB report fails the run), at -O1 -g unless DEBUG=1. CPU-only builds only (FORCE_ONLY_CPU=1):
+  a CUDA build with SANITIZE is a one-line error. Python is not instrumented, so the runtimes
+  must be preloaded: LD_PRELOAD="$(gcc -print-file-name=libasan.so) ..."; .ci/sanitize does it all.
 
-The torch/CUDA versions of the build are written to pnn_fast/_build_info.json next to _C and
-checked when pnn_fast is imported.
+The torch/CUDA versions of the build and its DEBUG and SANITIZE switches are written to
+pnn_fast/_build_info.json next to _C; the torch version is checked when pnn_fast is imported.
 """
 import json
 import os
@@ -137,6 +142,19 @@ def openmp_flags():
     return ["-fopenmp"]
 
 
+def sanitizers(with_cuda: bool) -> list:
+    """The sanitizers named by SANITIZE (e.g. "address,undefined"), [] when unset.
+
+    CPU-only builds only: a CUDA build would need the flags forwarded to nvcc's host compiler, and
+    the CUDA runtime under ASan needs its own options (protect_shadow_gap=0); neither is tested here.
+    """
+    names = [name.strip() for name in os.environ.get("SANITIZE", "").split(",") if name.strip()]
+    if names and with_cuda:
+        raise BuildSetupError(f"SANITIZE={','.join(names)} is supported for the CPU-only build only; "
+                              "add FORCE_ONLY_CPU=1")
+    return names
+
+
 def relative_sources(pattern: str):
     return sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(pattern))
 
@@ -144,8 +162,10 @@ def relative_sources(pattern: str):
 WITH_CUDA, REASON = choose_variant()
 ARCH_LIST = cuda_arch_list() if WITH_CUDA else None
 DEBUG = env_flag("DEBUG")
+SANITIZE = sanitizers(WITH_CUDA)
 print(f"pnn_fast: building the {'CUDA' if WITH_CUDA else 'CPU-only'} variant: {REASON}"
-      + (f"; GPU architectures {ARCH_LIST}" if WITH_CUDA else ""), flush=True)
+      + (f"; GPU architectures {ARCH_LIST}" if WITH_CUDA else "")
+      + (f"; sanitizers {','.join(SANITIZE)}" if SANITIZE else ""), flush=True)
 
 # Limited Python API (one abi3 .so for every Python): torch >= 2.6 defines Py_LIMITED_API itself for
 # py_limited_api extensions, as its oldest supported CPython; older torch needs the define from us.
@@ -154,7 +174,12 @@ defines = ([] if LIMITED_API else ["-DPy_LIMITED_API=0x03090000"]) + (["-DPNN_FA
 ABI3_TAG = f"cp3{int((LIMITED_API or '0x03090000')[4:6], 16)}"
 # -ffp-contract=off: the score chains fuse exactly where pnn_rows.h says (FusedMultiplyAdd) and nowhere else; -Wno-psabi: the
 # AVX2 vectors of cpu/simd.h only cross inlined calls
-cxx_flags = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off", "-Wno-psabi"] + openmp_flags() + defines
+# A sanitized build keeps frame pointers for the reports' stacks and stops at the first UB report (recovering would
+# let a test pass after one); -O1 keeps it fast enough for the property tests while still debuggable.
+sanitize_flags = ([f"-fsanitize={','.join(SANITIZE)}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+                  if SANITIZE else [])
+optimization = ["-O0", "-g"] if DEBUG else ["-O1", "-g"] if SANITIZE else ["-O3"]
+cxx_flags = optimization + ["-ffp-contract=off", "-Wno-psabi"] + sanitize_flags + openmp_flags() + defines
 nvcc_flags = (["-O0", "-g", "-lineinfo"] if DEBUG else ["-O3"]) + defines
 sources = relative_sources("csrc/*.cpp") + relative_sources("csrc/cpu/*.cpp")
 if WITH_CUDA:  # the op files of csrc/cuda/, as one translation unit (see csrc/cuda_ops.cu)
@@ -165,7 +190,7 @@ extension = extension_type(
     sources,
     include_dirs=[str(ROOT / "csrc")],
     extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags} if WITH_CUDA else {"cxx": cxx_flags},
-    extra_link_args=(["-O0", "-g"] if DEBUG else []) + openmp_flags(),
+    extra_link_args=(["-O0", "-g"] if DEBUG else []) + sanitize_flags + openmp_flags(),
     py_limited_api=True,
 )
 
@@ -176,6 +201,7 @@ BUILD_INFO = {
     "cuda_version": torch.version.cuda if WITH_CUDA else None,
     "cuda_arch_list": ARCH_LIST,
     "debug": DEBUG,
+    "sanitize": SANITIZE,
 }
 
 

@@ -50,8 +50,9 @@ def build_info() -> dict:
 
     Keys: ``compiled`` (bool), ``with_cuda`` (bool), ``torch_version`` / ``cuda_version`` (those
     of the build, None when not compiled), ``cuda_arch_list`` (TORCH_CUDA_ARCH_LIST of the
-    build), ``variant_reason`` (why setup.py chose the CPU or CUDA variant), ``debug`` and,
-    when not compiled, ``reason``.
+    build), ``variant_reason`` (why setup.py chose the CPU or CUDA variant), ``debug``, ``sanitize``
+    (the sanitizers of a SANITIZE= build, e.g. ``["address", "undefined"]``; absent from builds older
+    than the switch) and, when not compiled, ``reason``.
     """
     return dict(_INFO)
 

@@ -27,4 +27,7 @@ else:
                               print_blob=True, suppress_health_check=_SLOW_DATA)
     settings.register_profile("long", max_examples=5000, deadline=None, database=None, print_blob=True,
                               suppress_health_check=_SLOW_DATA)
+    # .ci/sanitize: "ci" with a quarter of the examples (and every @example), which keeps the ASan/UBSan
+    # run (each example several times slower) within its share of CI's time
+    settings.register_profile("sanitize", parent=settings.get_profile("ci"), max_examples=50)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from pnn_fast.data import (
     split_counts,
     synthetic_dataset,
 )
+from pnn_fast.data.parsers import read_atomic_inter, read_csv, read_lightgcn, read_movielens_dat
 
 DATA = Path(os.environ.get("PNN_FAST_DATA") or Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
 
@@ -208,6 +210,11 @@ MALFORMED = [
     ("e.csv", "1,2,3,4,5\n", 1, "expected user,item"),
     ("e.csv", "user,item,rating\n1,2,3\n3,,4\n", 3, "empty item id"),
     ("e.csv", "user,rating\n1,2\n", 1, "no item column"),
+    # found by tests/fuzz/fuzz_parsers.py: numpy's str arrays drop trailing NULs, so these ids were
+    # read as "", "c" (merged with a real "c") and "2" (which then passed the integer test)
+    ("d.inter", "user_id:token\titem_id:token\n1\t2\n\0\t3\n", 3, "user id '\\x00' contains a NUL character"),
+    ("e.csv", "c,d\nc\0,d\n", 2, "user id 'c\\x00' contains a NUL character"),
+    ("ratings.dat", "1::2\0::3::4\n", 1, "item id '2\\x00' contains a NUL character"),
 ]
 
 
@@ -220,6 +227,19 @@ def test_malformed_line_names_file_and_line(tmp_path, name, text, line, problem)
     assert message.startswith(f"{path}:{line}: ")
     assert problem in message
     assert (info.value.path, info.value.line) == (str(path), line)
+
+
+@pytest.mark.parametrize("name, reader", [("train.txt", read_lightgcn), ("d.inter", read_atomic_inter),
+                                          ("ratings.dat", read_movielens_dat), ("e.csv", read_csv)])
+def test_a_file_without_interactions_is_empty_not_a_crash(tmp_path, name, reader):
+    """Found by tests/fuzz/fuzz_parsers.py: an empty ratings.dat raised StopIteration. Blank files
+    (and a header alone) read as no interactions, which load_dataset then rejects by name."""
+    header = "user_id:token\titem_id:token\n" if name.endswith(".inter") else ""
+    for text in (header, header + "\n \r\n"):
+        path = write(tmp_path, name, text)
+        assert reader(path).users.size == 0
+        with pytest.raises(ValueError, match=f"no interactions left in {re.escape(str(path))}"):
+            load_dataset(path)
 
 
 def test_malformed_split_file_is_reported_from_a_folder(tmp_path):

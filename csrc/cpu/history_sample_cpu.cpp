@@ -30,10 +30,14 @@ at::Tensor history_sample_cpu(const at::Tensor& known_indptr, const at::Tensor& 
   at::parallel_for(0, in.rows, lookup_grain(size * size), [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const float* draws = u + b * size;
-      for (int64_t i = 0; i < size; ++i) {
-        if (!(draws[i] >= 0.0f && draws[i] < 1.0f)) bad = true;
-      }
       int64_t* row = out + b * size;  // positions first, then the items at them
+      bool row_ok = true;
+      for (int64_t i = 0; i < size; ++i) row_ok &= draws[i] >= 0.0f && draws[i] < 1.0f;
+      if (!row_ok) {  // a draw outside [0, 1) (or NaN) would give a position outside the row: reported below
+        bad = true;
+        for (int64_t i = 0; i < size; ++i) row[i] = -1;
+        continue;
+      }
       const int64_t first = ptr[user[b]];
       const int64_t taken = floyd_positions(ptr[user[b] + 1] - first, size, draws, row);
       for (int64_t i = 0; i < taken; ++i) row[i] = known[first + row[i]];

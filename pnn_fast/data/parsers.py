@@ -138,7 +138,7 @@ def read_movielens_dat(path: os.PathLike | str) -> RawInteractions:
     raw = _table(path, rows, linenos, sep="::", width=4, user=0, item=1, rating=2, timestamp=3)
     for role, ids in (("user", raw.users.tolist()), ("item", raw.items.tolist())):
         joined = "".join(ids)  # one test over every id (none is empty); a per-id scan only to locate a failure
-        if not (joined.isascii() and joined.isdigit()):
+        if ids and not (joined.isascii() and joined.isdigit()):  # a blank file has no ids, and no bad one
             bad = next(k for k, token in enumerate(ids) if not (token.isascii() and token.isdigit()))
             raise DataFormatError(path, linenos[bad], f"{role} id {ids[bad]!r} is not a non-negative integer")
     return raw
@@ -226,6 +226,10 @@ def _table(
     for role, ids in (("user", users), ("item", items)):
         if not all(ids):
             raise DataFormatError(path, linenos[ids.index("")], f"empty {role} id")
+        # numpy's str arrays drop trailing NULs: "a\0" would silently become user "a", and "\0" an empty id
+        if "\0" in "".join(ids):
+            bad = next(k for k, token in enumerate(ids) if "\0" in token)
+            raise DataFormatError(path, linenos[bad], f"{role} id {ids[bad]!r} contains a NUL character")
     return RawInteractions(
         path,
         np.array(users, dtype=str),
