@@ -34,8 +34,9 @@ A NaN score at an item that is not excluded is an error (ValueError), not a sile
 
 Cost: users are processed ``batch_size`` at a time.  Each batch is one score product
 ``[batch_size, d] x [d, I]`` and, with the compiled kernels, one pass of
-:func:`pnn_fast.ops.masked_topk` over it that keeps each row's K best in a heap and looks
-excluded items up only for the few scores that could enter; without them, the reference
+:func:`pnn_fast.ops.masked_topk` over it that keeps each row's K best in a small buffer
+(a quickselect raises its admission threshold) and looks excluded items up only for the few
+scores that could enter; without them, the reference
 (a masked copy and ``torch.topk``).  Nothing of size users x items is ever allocated.
 """
 from __future__ import annotations
