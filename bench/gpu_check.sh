@@ -71,8 +71,8 @@ else
   run build 330 "$PYTHON" -m pip install --no-build-isolation --no-deps -e .
   run extension 60 "$PYTHON" -c "import torch, pnn_fast; info = pnn_fast.build_info(); print(info); \
 assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no GPU'"
-  run tests-cuda 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/ops tests/test_backends.py \
-    tests/test_losses.py tests/test_attention.py -k cuda
+  run tests-cuda 300 "$PYTHON" -m pytest -q -p no:cacheprovider tests/ops tests/test_backends.py \
+    tests/test_losses.py tests/test_attention.py tests/test_property_parity.py -k cuda
   run smoke-and-compile 180 "$PYTHON" bench/gpu_smoke.py --device cuda --compile
   run memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
   run bench-pnn-loss 180 "$PYTHON" bench/bench_pnn_loss.py --devices cuda --batches 2048 8192 \

@@ -3,11 +3,11 @@ computed by loops, on the reference backend and on the compiled kernels."""
 import pytest
 import torch
 
-from batches import requires_kernels
+from batches import DEVICES, requires_kernels
 from pnn_fast import KnownPositives, UserAwareAttention
 
 
-@pytest.mark.parametrize("backend", ["reference", pytest.param("cpu", marks=requires_kernels)])
+@pytest.mark.parametrize("backend", ["reference"] + [pytest.param(device, marks=requires_kernels) for device in DEVICES])
 def test_attention_matches_the_papers_formula(backend):
     """lambda_u = sigmoid(w1 . sum_h a_h e_h), a = softmax_h(e_u . tanh(W2 e_h + b)), by loops over a
     history shorter than history_len (so it is every known item), and 0.5 for a user without one."""
@@ -21,7 +21,10 @@ def test_attention_matches_the_papers_formula(backend):
     item_table = torch.randn(9, 5, generator=g, dtype=torch.float64)
     batch_users = torch.tensor([3, 0, 2, 1, 3])
     user_emb = torch.randn(5, 5, generator=g, dtype=torch.float64)
-    got = att(user_emb, item_table, batch_users, known, backend)
+    device = "cuda" if backend == "cuda" else "cpu"
+    got = att.to(device)(user_emb.to(device), item_table.to(device), batch_users.to(device), known.to(device),
+                         backend).cpu()
+    att.cpu()
     w1, w2 = att.w1.detach(), att.w2.detach()
     for b, u in enumerate(batch_users.tolist()):
         hist = item_table[known_items[u]]

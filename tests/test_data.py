@@ -215,6 +215,10 @@ MALFORMED = [
     ("d.inter", "user_id:token\titem_id:token\n1\t2\n\0\t3\n", 3, "user id '\\x00' contains a NUL character"),
     ("e.csv", "c,d\nc\0,d\n", 2, "user id 'c\\x00' contains a NUL character"),
     ("ratings.dat", "1::2\0::3::4\n", 1, "item id '2\\x00' contains a NUL character"),
+    # also found by the fuzzer: Python's float() takes digit-group underscores and non-ASCII digits
+    ("ratings.dat", "1::2::3::4\n1::3::4::1_0\n", 2, "timestamp '1_0' is not a number"),
+    ("e.csv", "user,item,rating\n1,2,3\n1,3,\u0664\n", 3, "rating '\u0664' is not a number"),
+    ("d.inter", "user_id:token\titem_id:token\trating:float\n1\t2\t\u20073\n", 2, "is not a number"),
 ]
 
 
@@ -240,6 +244,24 @@ def test_a_file_without_interactions_is_empty_not_a_crash(tmp_path, name, reader
         assert reader(path).users.size == 0
         with pytest.raises(ValueError, match=f"no interactions left in {re.escape(str(path))}"):
             load_dataset(path)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("e.csv", "userId,movieId,rating\n1,2,4.5\n3,2,1\n"),
+    ("d.inter", "user_id:token\titem_id:token\trating:float\n1\t2\t4.5\n3\t2\t1\n"),
+    ("ratings.dat", "1::2::4.5::0\n3::2::1::0\n"),
+])
+def test_a_byte_order_mark_is_not_data(tmp_path, name, text):
+    """Found by tests/fuzz/fuzz_parsers.py: a UTF-8 BOM (as spreadsheet exports write) before a CSV
+    header made it a data row. With or without one, a file reads the same."""
+    for folder in ("plain", "marked"):
+        (tmp_path / folder).mkdir()
+    plain = load_dataset(write(tmp_path / "plain", name, text), rating_threshold=0)
+    marked_path = tmp_path / "marked" / name
+    marked_path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    marked = load_dataset(marked_path, rating_threshold=0)
+    assert (marked.num_users, marked.num_items) == (plain.num_users, plain.num_items) == (2, 1)
+    assert list(map(str, marked.user_ids)) == list(map(str, plain.user_ids)) == ["1", "3"]
 
 
 def test_malformed_split_file_is_reported_from_a_folder(tmp_path):

@@ -91,7 +91,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from batches import requires_kernels
+from batches import DEVICES, requires_kernels
 from pnn_fast import PNNLoss, _extension
 from pnn_fast.backends import reference
 from pnn_fast.backends.rows import NORM_EPS, negative_class_size
@@ -623,15 +623,30 @@ class Oracle:
 
 
 # ---- running the backends ------------------------------------------------------------------------
+def on_device(p: dict, device: str) -> dict:
+    """Problem ``p`` with its tensors (and known positives) on ``device``."""
+    return {name: value.to(device) if isinstance(value, (torch.Tensor, KnownPositives)) else value
+            for name, value in p.items()}
+
+
+def to_cpu(values):
+    """A tensor, or the tensors of a dict / tuple / list, on the CPU (where the oracle and the reference run)."""
+    if isinstance(values, torch.Tensor):
+        return values.cpu()
+    if isinstance(values, dict):
+        return {name: to_cpu(value) for name, value in values.items()}
+    return type(values)(to_cpu(value) for value in values)
+
+
 def row_terms(module, p: dict, weights: torch.Tensor):
     """pnn_row_terms of ``module`` on problem ``p``, and the gradients of sum_b w_b . (bpr_b, rank_b,
-    constrain_b) w.r.t. the user rows and the item table."""
+    constrain_b) w.r.t. the user rows and the item table, on p's device."""
     user_emb = p["user_emb"].clone().requires_grad_()
     item_table = p["item_table"].clone().requires_grad_()
     terms = module.pnn_row_terms(user_emb, item_table, p["users"], p["pos_items"], p["candidates"], p["known"],
                                  p["neg_size"], p["noise_pos"], p["noise_neg"])
     floats = torch.stack([terms["bpr"], terms["rank"], terms["constrain"]], dim=1)
-    grads = torch.autograd.grad((floats * weights.to(floats.dtype)).sum(), [user_emb, item_table])
+    grads = torch.autograd.grad((floats * weights.to(floats)).sum(), [user_emb, item_table])
     return {name: value.detach() for name, value in terms.items()}, grads
 
 
@@ -641,7 +656,7 @@ def hard_bpr(module, p: dict, weights: torch.Tensor):
     item_table = p["item_table"].clone().requires_grad_()
     bpr, hard, num_unlabeled = module.hard_negative_bpr(user_emb, item_table, p["users"], p["pos_items"],
                                                         p["candidates"], p["known"])
-    grads = torch.autograd.grad((bpr * weights.to(bpr.dtype)).sum(), [user_emb, item_table])
+    grads = torch.autograd.grad((bpr * weights.to(bpr)).sum(), [user_emb, item_table])
     return (bpr.detach(), hard, num_unlabeled), grads
 
 
@@ -679,15 +694,16 @@ def describe(p: dict, oracle: Oracle) -> None:
 
 
 # ---- the properties ------------------------------------------------------------------------------
-def check_row_parity(p: dict, before_checks=None) -> Oracle:
-    """pnn_row_terms and hard_negative_bpr, fused against reference on problem ``p`` (the body of
-    :func:`test_row_terms_match_reference`); returns the oracle, which ``before_checks`` is given
-    first."""
+def check_row_parity(p: dict, before_checks=None, device: str = "cpu") -> Oracle:
+    """pnn_row_terms and hard_negative_bpr, fused on ``device`` against reference (CPU) on problem
+    ``p`` (the body of :func:`test_row_terms_match_reference`); returns the oracle, which
+    ``before_checks`` is given first."""
     rows = p["user_emb"].shape[0]
     unlabeled = reference.unlabeled_mask(p["known"], p["users"], p["pos_items"], p["candidates"])
     k = negative_class_size(unlabeled.sum(dim=1), p["known"].count(p["users"]), p["known"].num_items, p["neg_size"])
-    centroids = ops.class_centroids(p["user_emb"], p["item_table"], p["users"], p["pos_items"], p["candidates"],
-                                    p["known"], k)
+    q = on_device(p, device)
+    centroids = to_cpu(ops.class_centroids(q["user_emb"], q["item_table"], q["users"], q["pos_items"],
+                                           q["candidates"], q["known"], k.to(device)))
     oracle = Oracle(p, fused_classes=(centroids[6], centroids[4], centroids[5]), unlabeled=unlabeled)
     if before_checks is not None:
         before_checks(oracle)
@@ -697,7 +713,7 @@ def check_row_parity(p: dict, before_checks=None) -> Oracle:
     weights = 0.5 + torch.rand(rows, 3, generator=p["generator"], dtype=torch.float64)
     weights[:, 0] *= hard_ok
     weights[:, 1:] *= class_ok[:, None]
-    got, got_grads = row_terms(fused, p, weights)
+    got, got_grads = to_cpu(row_terms(fused, q, weights))
     want, want_grads = row_terms(reference, p, weights)
 
     for name in ("valid", "num_negative", "num_neutral"):
@@ -724,7 +740,7 @@ def check_row_parity(p: dict, before_checks=None) -> Oracle:
     assert_within("grad item_table", got_grads[1], want_grads[1], tol_items)
 
     # hard_negative_bpr: L_BPR alone
-    (bpr, hard, count), grads = hard_bpr(fused, p, weights[:, 0])
+    (bpr, hard, count), grads = to_cpu(hard_bpr(fused, q, weights[:, 0]))
     (bpr_r, hard_r, count_r), grads_r = hard_bpr(reference, p, weights[:, 0])
     assert torch.equal(count, count_r) and torch.equal(hard, got["hard_negative"])
     assert torch.equal(hard[hard_ok], hard_r[hard_ok])
@@ -736,16 +752,17 @@ def check_row_parity(p: dict, before_checks=None) -> Oracle:
     return oracle
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @given(spec=specs())
 @example(spec=Spec("float32", 4096, 8, None, 3000, 40, "proportional", 6, 0, 1))  # B = 4096, in-batch
 @example(spec=Spec("float64", 1200, 7, 300, 40, 12, "count", 4, 2, 2))  # K = 300 sampled
 @example(spec=Spec("float32", 700, 257, None, 4, 9, 1, 3, -2, 3))  # d = 257, 4 items: copies everywhere
-def test_row_terms_match_reference(spec: Spec):
-    """pnn_row_terms and hard_negative_bpr, fused against reference: the decided classes exactly,
-    the values and both gradients within their rounding bounds, near-tie rows excluded from what
-    they decide (module docstring)."""
+def test_row_terms_match_reference(device: str, spec: Spec):
+    """pnn_row_terms and hard_negative_bpr, fused (CPU or CUDA) against reference: the decided
+    classes exactly, the values and both gradients within their rounding bounds, near-tie rows
+    excluded from what they decide (module docstring)."""
     p = build(spec)
-    check_row_parity(p, before_checks=lambda oracle: describe(p, oracle))
+    check_row_parity(p, before_checks=lambda oracle: describe(p, oracle), device=device)
 
 
 # ---- the near-tie detector is not vacuous --------------------------------------------------------
@@ -871,21 +888,24 @@ def loss_configs(draw) -> dict:
 
 
 def run_loss(backend: str, p: dict, config: dict):
-    """PNNLoss on ``p`` with ``backend``: (loss, components, user_emb, item_table, parameters, the
-    module, the random state its history draw starts from), the attention's initial parameters and
-    history draw made the same for both backends."""
+    """PNNLoss on ``p`` with ``backend``, on its device ("cuda": p moved there): (loss, components
+    on the CPU, user_emb, item_table, parameters, the module, the random state its history draw
+    starts from), the attention's initial parameters and history draw made the same for the CPU
+    backends (CUDA's draws come from its own generator: the CUDA test fixes lambda)."""
+    device = "cuda" if backend == "cuda" else "cpu"
+    p = on_device(p, device)
     dtype = p["user_emb"].dtype
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         loss_fn = PNNLoss(p["known"], p["user_emb"].shape[1], neg_size=p["neg_size"], fixed_lambda=0.3,
-                          backend=backend, **config).to(dtype)
+                          backend=backend, **config).to(device=device, dtype=dtype)
         state = torch.get_rng_state()
         user_emb = p["user_emb"].clone().requires_grad_()
         item_table = p["item_table"].clone().requires_grad_()
         neg_items = p["candidates"] if p["candidates"].dim() == 2 else None
         loss, components = loss_fn(user_emb, item_table, p["users"], p["pos_items"], neg_items,
                                    noise=(p["noise_pos"], p["noise_neg"]), return_components=True)
-    return loss, components, user_emb, item_table, list(loss_fn.parameters()), loss_fn, state
+    return loss, to_cpu(components), user_emb, item_table, list(loss_fn.parameters()), loss_fn, state
 
 
 def affected(p: dict, rows: torch.Tensor, attention: bool) -> torch.Tensor:
@@ -1037,6 +1057,7 @@ def attention_bounds(p: dict, loss_fn, config: dict, state: torch.Tensor, coef: 
     return out
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @given(spec=specs(), config=loss_configs())
 @example(spec=Spec("float32", 1024, 96, None, 500, 30, "proportional", 3, 0, 11),
          config={"lambda_mode": "attention", "history_len": 5, "alpha": 0.8, "beta": 0.6, "rank_weight": 1.0,
@@ -1058,11 +1079,15 @@ def attention_bounds(p: dict, loss_fn, config: dict, state: torch.Tensor, coef: 
 @example(spec=Spec("float64", 294, 4, None, 4, 1, "proportional", 1, 0, 84),
          config={"lambda_mode": "attention", "history_len": 2, "alpha": 0.8, "beta": 0.6, "rank_weight": 1.0,
                  "uniform_normalize": False})
-def test_loss_matches_reference(spec: Spec, config: dict):
-    """PNNLoss(backend="cpu") against PNNLoss(backend="reference"): every component (near-tie rows
-    excluded from what they decide), lambda, L_uniform, the loss less the near-tie rows' terms, and
-    the gradients of the user rows, the item table and the attention's parameters where no near-tie
-    reaches them (module docstring)."""
+def test_loss_matches_reference(device: str, spec: Spec, config: dict):
+    """PNNLoss(backend="cpu" or "cuda") against PNNLoss(backend="reference"): every component
+    (near-tie rows excluded from what they decide), lambda, L_uniform, the loss less the near-tie
+    rows' terms, and the gradients of the user rows, the item table and the attention's parameters
+    where no near-tie reaches them (module docstring).  On CUDA lambda is fixed: the attention's
+    history draw comes from CUDA's generator, so the two runs would attend over different items
+    (tests/test_attention.py compares the CUDA attention on one draw)."""
+    if device == "cuda":
+        config = {**config, "lambda_mode": "fixed"}
     p = build(spec)
     oracle = Oracle(p)
     describe(p, oracle)
@@ -1071,7 +1096,7 @@ def test_loss_matches_reference(spec: Spec, config: dict):
     hard_ok, class_ok = ~oracle.hard_tie, ~oracle.class_tie
     tied = oracle.hard_tie | oracle.class_tie
     attention = config["lambda_mode"] == "attention"
-    loss_f, got, user_f, table_f, params_f, _, _ = run_loss("cpu", p, config)
+    loss_f, got, user_f, table_f, params_f, _, _ = run_loss(device, p, config)
     loss_r, want, user_r, table_r, params_r, loss_fn, state = run_loss("reference", p, config)
 
     for name in ("valid", "num_negative", "num_neutral"):
@@ -1113,7 +1138,7 @@ def test_loss_matches_reference(spec: Spec, config: dict):
 
     # gradients, where no near-tie reaches
     inputs_f, inputs_r = [user_f, table_f] + params_f, [user_r, table_r] + params_r
-    grads_f = torch.autograd.grad(loss_f, inputs_f)
+    grads_f = to_cpu(torch.autograd.grad(loss_f, inputs_f))
     grads_r = torch.autograd.grad(loss_r, inputs_r)
     weights = torch.stack([1 - lam, lam * config["rank_weight"], lam * alpha], dim=1) / n_valid
     deltas = torch.stack([d_lambda, d_lambda * config["rank_weight"], d_lambda * alpha], dim=1) / n_valid

@@ -6,7 +6,6 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/aminmax.h>
 #include <ATen/OpMathType.h>
 
 #include "common/pnn_rows.h"
@@ -83,13 +82,13 @@ inline RowInputs prepare_row_inputs(const char* op, const at::Tensor& user_emb, 
   return in;
 }
 
-// Id ranges (users < num_users, items < num_items).  One reduction per tensor, so the CPU entry
-// points call it; the CUDA kernels assert in-kernel instead of synchronising with the host.
+// Id ranges (users < num_users, items < num_items): one reduction and one read-back per tensor.
+// Both backends check on the host before launching: on CUDA that costs a synchronisation, but a
+// device-side assert would leave the CUDA context unusable for the rest of the process.
 inline void check_ids_below(const char* op, const at::Tensor& ids, int64_t bound, const char* name) {
   if (ids.numel() == 0) return;
-  const auto [lo, hi] = at::aminmax(ids);
-  TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < bound, op, ": ", name, " has ids outside [0, ", bound,
-              ")");
+  TORCH_CHECK(!ids.lt(0).logical_or_(ids.ge(bound)).any().item<bool>(), op, ": ", name,
+              " has ids outside [0, ", bound, ")");
 }
 
 // Contiguous, checked inputs of masked_topk (the tensors keep the raw pointers of `sets` alive).
@@ -200,6 +199,22 @@ inline KnownDraws prepare_known_draws(const char* op, const at::Tensor& known_in
   check_tensor(op, known_indptr, uniform, "uniform", at::kFloat, {users.numel(), -1}, "known_indptr");
   return {known_indptr.contiguous(), known_indices.contiguous(), users.contiguous(), uniform.contiguous(),
           uniform.size(0), uniform.size(1), known_indptr.numel() - 1};
+}
+
+// The values of checked draws, on the host before a CUDA launch (a device-side assert would leave
+// the context unusable): users in range, every draw in [0, 1) (NaN fails) and, when num_items is
+// given (unknown_items), an unknown item left for every drawing user.  The CPU kernels test the
+// same per row as they go and raise the same errors.
+inline void check_draw_values(const char* op, const KnownDraws& in, int64_t num_items = -1) {
+  check_ids_below(op, in.users, in.num_users, "users");
+  at::Tensor bad = in.uniform.ge(0).logical_and_(in.uniform.lt(1)).logical_not_().any();
+  if (num_items < 0) {
+    TORCH_CHECK(!bad.item<bool>(), op, ": uniform must lie in [0, 1)");
+    return;
+  }
+  const at::Tensor known = in.indptr.index_select(0, in.users + 1) - in.indptr.index_select(0, in.users);
+  bad.logical_or_(known.ge(num_items).any());
+  TORCH_CHECK(!bad.item<bool>(), op, ": uniform must lie in [0, 1) and every user must have an unknown item");
 }
 
 // table float [n, d], ids int64 [m], on one device.

@@ -21,6 +21,17 @@
 #define PNN_HD
 #endif
 
+// The chain terms below run inside the CPU's target("avx2,fma") tile loops (cpu/simd.h) with
+// vector arguments: a term that is not inlined there would be compiled without AVX2 and could
+// not take the AVX2 fused multiply-add, which gcc refuses at -O0 (DEBUG=1). So force it.
+#if defined(__CUDACC__)
+#define PNN_HD_FORCE_INLINE __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+#define PNN_HD_FORCE_INLINE __attribute__((always_inline)) inline
+#else
+#define PNN_HD_FORCE_INLINE inline
+#endif
+
 namespace pnn_fast {
 
 // ---------------------------------------------------------------------------------------------
@@ -81,12 +92,12 @@ struct FusedMultiplyAdd {
 // take the fused multiply-add as an argument so that the CPU can apply them to vector types.
 struct DotTerm {
   template <typename T, typename Fused = FusedMultiplyAdd>
-  PNN_HD T operator()(T x, T y, T acc, Fused fused = {}) const { return fused(x, y, acc); }
+  PNN_HD_FORCE_INLINE T operator()(T x, T y, T acc, Fused fused = {}) const { return fused(x, y, acc); }
 };
 
 struct SquaredDiffTerm {
   template <typename T, typename Fused = FusedMultiplyAdd>
-  PNN_HD T operator()(T x, T y, T acc, Fused fused = {}) const {
+  PNN_HD_FORCE_INLINE T operator()(T x, T y, T acc, Fused fused = {}) const {
     const T diff = x - y;
     return fused(diff, diff, acc);
   }

@@ -32,9 +32,8 @@ __global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, const int64
   __shared__ int8_t classes[kThreads];
   __shared__ int64_t items[kThreads];
   const int64_t b = blockIdx.x, d = batch.dim, count = batch.num_candidates;
-  CUDA_KERNEL_ASSERT(batch.users[b] >= 0 && batch.users[b] < batch.num_users);
   const Row<scalar_t, acc_t> row(batch, b);
-  const RowKeys<scalar_t, acc_t, kCached> keys{row, reinterpret_cast<key_t*>(dynamic_shared), count, batch.num_items};
+  const RowKeys<scalar_t, acc_t, kCached> keys{row, reinterpret_cast<key_t*>(dynamic_shared), count};
   keys.prepare();
   int64_t row_hard, num_unlabeled;
   block_hard_negative(keys, count, hard_sh, row_hard, num_unlabeled);
@@ -89,7 +88,6 @@ __global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, const acc_t
   __shared__ int8_t classes[kThreads];
   __shared__ int64_t items[kThreads];
   const int64_t b = blockIdx.x, d = batch.dim, count = batch.num_candidates;
-  CUDA_KERNEL_ASSERT(batch.users[b] >= 0 && batch.users[b] < batch.num_users);
   const Row<scalar_t, acc_t> row(batch, b);
   const auto threshold_key = order_key(threshold[b]);
   const acc_t* grad_neutral = member_grads + b * d;
@@ -97,7 +95,6 @@ __global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, const acc_t
   for (int64_t j0 = 0; j0 < count; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
     if (j < count) {
-      CUDA_KERNEL_ASSERT(row.item(j) >= 0 && row.item(j) < batch.num_items);
       classes[threadIdx.x] = row.classify(j, row.score(j), threshold_key, cutoff[b]);
       items[threadIdx.x] = row.item(j);
     }
@@ -118,6 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& k) {
   const RowInputs in =
       prepare_row_inputs(kFwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
+  check_id_ranges(kFwd, in);
   const at::Tensor k_in = row_state(kFwd, in, k, "k", at::kLong);
   const c10::cuda::CUDAGuard guard(user_emb.device());
   const at::TensorOptions acc_options = user_emb.options().dtype(opmath_dtype(user_emb.scalar_type()));
@@ -153,6 +151,7 @@ at::Tensor class_centroids_bwd_cuda(const at::Tensor& grad_neutral, const at::Te
                                     const at::Tensor& num_neutral, const at::Tensor& num_negative) {
   const RowInputs in =
       prepare_row_inputs(kBwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
+  check_id_ranges(kBwd, in);
   const at::ScalarType acc_dtype = opmath_dtype(user_emb.scalar_type());
   const at::Tensor threshold_in = row_state(kBwd, in, threshold, "threshold", acc_dtype);
   const at::Tensor cutoff_in = row_state(kBwd, in, cutoff, "cutoff", at::kLong);

@@ -15,7 +15,6 @@ template <typename scalar_t, typename acc_t>
 __global__ void count_unlabeled_kernel(RowBatch<scalar_t> batch, int64_t* num_unlabeled) {
   __shared__ int64_t scratch[kWarps];
   const int64_t b = blockIdx.x;
-  CUDA_KERNEL_ASSERT(batch.users[b] >= 0 && batch.users[b] < batch.num_users);
   const Row<scalar_t, acc_t> row(batch, b);
   int64_t mine = 0;
   for (int64_t j = threadIdx.x; j < batch.num_candidates; j += blockDim.x) mine += row.unlabeled(j);
@@ -29,6 +28,7 @@ at::Tensor count_unlabeled_cuda(const at::Tensor& user_emb, const at::Tensor& it
   constexpr const char* op = "pnn_fast::count_unlabeled";
   const RowInputs in =
       prepare_row_inputs(op, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
+  check_id_ranges(op, in);
   const c10::cuda::CUDAGuard guard(user_emb.device());
   at::Tensor num_unlabeled = at::empty({in.rows}, users.options().dtype(at::kLong));
   PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), op, [&] {

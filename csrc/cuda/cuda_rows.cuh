@@ -71,10 +71,8 @@ struct RowKeys {
   const Row<scalar_t, acc_t>& row;
   key_t* cache;
   int64_t count;
-  int64_t num_items;
 
   __device__ key_t compute(int64_t j) const {
-    CUDA_KERNEL_ASSERT(row.item(j) >= 0 && row.item(j) < num_items);
     return row.key(j, row.score(j));
   }
 

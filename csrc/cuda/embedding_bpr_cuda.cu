@@ -18,13 +18,10 @@ namespace {
 // batch is regularized, the row's squared norms squares[b, 0..3) (bpr_row).
 template <typename scalar_t, typename acc_t>
 __global__ void bpr_rows_kernel(BprBatch<scalar_t> batch, acc_t* loss, acc_t* coef, acc_t* squares) {
-  const int64_t rows = batch.rows, K = batch.negatives, d = batch.dim, num_items = batch.num_items;
+  const int64_t rows = batch.rows, K = batch.negatives, d = batch.dim;
   const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (b >= rows) return;
   const int64_t *neg = batch.neg_items + b * K;
-  CUDA_KERNEL_ASSERT(batch.users[b] >= 0 && batch.users[b] < batch.num_users);
-  CUDA_KERNEL_ASSERT(batch.pos_items[b] >= 0 && batch.pos_items[b] < num_items);
-  for (int64_t k = 0; k < K; ++k) CUDA_KERNEL_ASSERT(neg[k] >= 0 && neg[k] < num_items);
   loss[b] = bpr_row<acc_t>(batch.user_table + batch.users[b] * d, batch.item_table + batch.pos_items[b] * d,
                            batch.item_table, neg, K, d, acc_t(rows * K), coef + b * K,
                            batch.regularize ? squares + 3 * b : nullptr);
@@ -66,6 +63,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> embedding_bpr_fwd_cuda(const at::
                                                                       const at::Tensor& neg_items, double reg_weight) {
   constexpr const char* op = "pnn_fast::embedding_bpr_fwd";
   const EmbeddingBprInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items, reg_weight);
+  check_ids_below(op, in.users, in.user_table.size(0), "users");
+  check_ids_below(op, in.pos_items, in.item_table.size(0), "pos_items");
+  check_ids_below(op, in.neg_items, in.item_table.size(0), "neg_items");
   const c10::cuda::CUDAGuard guard(user_table.device());
   const at::TensorOptions acc_options = in.user_table.options().dtype(opmath_dtype(in.user_table.scalar_type()));
   at::Tensor row_loss = at::empty({in.rows}, acc_options);

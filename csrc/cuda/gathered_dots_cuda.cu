@@ -17,7 +17,6 @@ __global__ void gathered_dots_kernel(const scalar_t* rows, const scalar_t* table
                                      int64_t K, int64_t d, int64_t num_rows, scalar_t* out) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= B * K) return;
-  CUDA_KERNEL_ASSERT(ids[t] >= 0 && ids[t] < num_rows);
   out[t] = static_cast<scalar_t>(dot_wide<acc_t>(rows + (t / K) * d, table + ids[t] * d, d));
 }
 
@@ -43,6 +42,7 @@ at::Tensor gathered_dots_fwd_cuda(const at::Tensor& rows, const at::Tensor& tabl
   constexpr const char* op = "pnn_fast::gathered_dots_fwd";
   check_gathered_dots(op, rows, table, ids);
   const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids.contiguous();
+  check_ids_below(op, id, T.size(0), "ids");
   const c10::cuda::CUDAGuard guard(R.device());
   at::Tensor out = at::empty({R.size(0), id.size(1)}, R.options());
   PNN_DISPATCH_FLOATING_TYPES(R.scalar_type(), op, [&] {

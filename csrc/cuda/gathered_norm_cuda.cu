@@ -17,7 +17,6 @@ __global__ void squared_rows_kernel(const scalar_t* T, const int64_t* ids, int64
                                     acc_t* out) {
   const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (b >= n) return;
-  CUDA_KERNEL_ASSERT(ids[b] >= 0 && ids[b] < num_rows);
   out[b] = dot_wide<acc_t>(T + ids[b] * d, T + ids[b] * d, d);
 }
 
@@ -36,6 +35,7 @@ at::Tensor gathered_norm_fwd_cuda(const at::Tensor& table, const at::Tensor& ids
   check_gathered_norm(op, table, ids);
   const c10::cuda::CUDAGuard guard(table.device());
   const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
+  check_ids_below(op, ids_in, rows_in.size(0), "ids");
   at::Tensor squares = at::empty({ids_in.numel()}, table.options().dtype(opmath_dtype(table.scalar_type())));
   PNN_DISPATCH_FLOATING_TYPES(rows_in.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;

@@ -16,9 +16,8 @@ __global__ void hard_negative_argmax_kernel(RowBatch<scalar_t> batch, int64_t* h
   using key_t = typename KeyOf<acc_t>::type;
   __shared__ HardShared<key_t> sh;
   const int64_t b = blockIdx.x;
-  CUDA_KERNEL_ASSERT(batch.users[b] >= 0 && batch.users[b] < batch.num_users);
   const Row<scalar_t, acc_t> row(batch, b);
-  const RowKeys<scalar_t, acc_t, false> keys{row, nullptr, batch.num_candidates, batch.num_items};
+  const RowKeys<scalar_t, acc_t, false> keys{row, nullptr, batch.num_candidates};
   int64_t best, count;
   block_hard_negative(keys, batch.num_candidates, sh, best, count);
   if (threadIdx.x == 0) {
@@ -35,6 +34,7 @@ std::tuple<at::Tensor, at::Tensor> hard_negative_argmax_cuda(const at::Tensor& u
   constexpr const char* op = "pnn_fast::hard_negative_argmax";
   const RowInputs in =
       prepare_row_inputs(op, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
+  check_id_ranges(op, in);
   const c10::cuda::CUDAGuard guard(user_emb.device());
   at::Tensor hard = at::empty({in.rows}, users.options().dtype(at::kLong));
   at::Tensor num_unlabeled = at::empty({in.rows}, users.options().dtype(at::kLong));

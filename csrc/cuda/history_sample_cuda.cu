@@ -12,12 +12,9 @@ namespace {
 
 // One thread per row: Floyd's positions written into the row, then replaced by the items.
 __global__ void history_sample_kernel(const int64_t* indptr, const int64_t* known, const int64_t* users,
-                                      const float* uniform, int64_t* out, int64_t rows, int64_t size,
-                                      int64_t num_users) {
+                                      const float* uniform, int64_t* out, int64_t rows, int64_t size) {
   const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (b >= rows) return;
-  CUDA_KERNEL_ASSERT(users[b] >= 0 && users[b] < num_users);
-  for (int64_t i = 0; i < size; ++i) CUDA_KERNEL_ASSERT(uniform[b * size + i] >= 0.0f && uniform[b * size + i] < 1.0f);
   int64_t* row = out + b * size;
   const int64_t first = indptr[users[b]];
   const int64_t taken = floyd_positions(indptr[users[b] + 1] - first, size, uniform + b * size, row);
@@ -27,12 +24,14 @@ __global__ void history_sample_kernel(const int64_t* indptr, const int64_t* know
 
 at::Tensor history_sample_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices,
                                const at::Tensor& users, const at::Tensor& uniform) {
-  const KnownDraws in = prepare_known_draws("pnn_fast::history_sample", known_indptr, known_indices, users, uniform);
+  constexpr const char* op = "pnn_fast::history_sample";
+  const KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
+  check_draw_values(op, in);
   const c10::cuda::CUDAGuard guard(known_indptr.device());
   at::Tensor items = at::empty(in.uniform.sizes(), users.options());
   launch_flat(history_sample_kernel, in.rows, in.indptr.data_ptr<int64_t>(), in.indices.data_ptr<int64_t>(),
               in.users.data_ptr<int64_t>(), in.uniform.data_ptr<float>(), items.data_ptr<int64_t>(), in.rows,
-              in.per_row, in.num_users);
+              in.per_row);
   return items;
 }
 

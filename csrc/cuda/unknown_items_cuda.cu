@@ -12,24 +12,24 @@ namespace {
 
 __global__ void unknown_items_kernel(const int64_t* indptr, const int64_t* known, const int64_t* users,
                                      const float* uniform, int64_t* out, int64_t rows, int64_t per_row,
-                                     int64_t num_users, int64_t num_items) {
+                                     int64_t num_items) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= rows * per_row) return;
   const int64_t user = users[t / per_row];
-  CUDA_KERNEL_ASSERT(user >= 0 && user < num_users);
   const int64_t first = indptr[user], count = indptr[user + 1] - first, free = num_items - count;
-  CUDA_KERNEL_ASSERT(free > 0 && uniform[t] >= 0.0f && uniform[t] < 1.0f);
   out[t] = unknown_by_rank(known + first, count, rank_of_uniform(uniform[t], free));
 }
 
 at::Tensor unknown_items_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                               const at::Tensor& uniform, int64_t num_items) {
-  const KnownDraws in = prepare_known_draws("pnn_fast::unknown_items", known_indptr, known_indices, users, uniform);
+  constexpr const char* op = "pnn_fast::unknown_items";
+  const KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
+  check_draw_values(op, in, num_items);
   const c10::cuda::CUDAGuard guard(known_indptr.device());
   at::Tensor items = at::empty(in.uniform.sizes(), users.options());
   launch_flat(unknown_items_kernel, in.uniform.numel(), in.indptr.data_ptr<int64_t>(), in.indices.data_ptr<int64_t>(),
               in.users.data_ptr<int64_t>(), in.uniform.data_ptr<float>(), items.data_ptr<int64_t>(), in.rows,
-              in.per_row, in.num_users, num_items);
+              in.per_row, num_items);
   return items;
 }
 

@@ -46,7 +46,9 @@ class RawInteractions:
 
 
 def _open(path: Path):
-    return open(path, encoding="utf-8", errors="surrogateescape")
+    # utf-8-sig: a byte-order mark (as spreadsheet exports write) is dropped rather than read
+    # as part of line 1's first field, which would hide a CSV header or corrupt the first id.
+    return open(path, encoding="utf-8-sig", errors="surrogateescape")
 
 
 def read_lightgcn(path: os.PathLike | str) -> RawInteractions:
@@ -240,8 +242,15 @@ def _table(
 
 
 def _floats(path: Path, values: list[str], linenos: list[int], what: str) -> np.ndarray:
-    """float64 [n] from strings; a non-number or a non-finite value is a located error."""
+    """float64 [n] from strings; a non-number or a non-finite value is a located error.
+
+    Only ASCII decimal literals are numbers: Python's float() also takes "1_0" and non-ASCII
+    digits ("\u0661"), which no data format writes and which would hide a corrupted field.
+    """
+    joined = "".join(values)  # one test over every value; a per-value scan only to locate a failure
     try:
+        if not joined.isascii() or "_" in joined:
+            raise ValueError
         out = np.fromiter(map(float, values), dtype=np.float64, count=len(values))
     except ValueError:
         bad = next(k for k, v in enumerate(values) if not _is_float(v))
@@ -254,6 +263,8 @@ def _floats(path: Path, values: list[str], linenos: list[int], what: str) -> np.
 
 
 def _is_float(text: str) -> bool:
+    if not text.isascii() or "_" in text:
+        return False
     try:
         float(text)
     except ValueError:

@@ -33,8 +33,6 @@ def test_gathered_dots_matches_the_definition_and_gradcheck(device):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
     inputs = (rows[:5].clone().requires_grad_(), table.clone().requires_grad_())
     assert torch.autograd.gradcheck(lambda r, t: ops.gathered_dots(r, t, ids[:5]), inputs)
-    with pytest.raises(RuntimeError, match="ids has ids outside"):
-        ops.gathered_dots(rows, table, ids + 9)
     with pytest.raises(TypeError, match="table has dtype"):
         ops.gathered_dots(rows, table.float(), ids)
 

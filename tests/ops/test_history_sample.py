@@ -63,13 +63,15 @@ def opcheck_cases(device: str) -> list:
     return [(torch.ops.pnn_fast.history_sample.default, [known.indptr, known.indices, users, uniform])]
 
 
-def test_history_sample_rejects_bad_draws():
-    known = history_known()
-    users = torch.tensor([6, 2])
+@pytest.mark.parametrize("device", DEVICES)
+def test_history_sample_rejects_bad_draws(device):
+    """Checked before the kernel runs, on CUDA too (see test_unknown_items_rejects_bad_draws_and_users)."""
+    known = history_known().to(device)
+    users = torch.tensor([6, 2], device=device)
     for bad in (1.0, -0.5, float("nan")):
         with pytest.raises(RuntimeError, match=r"uniform must lie in \[0, 1\)"):
-            ops.history_sample(known, users, torch.full((2, 4), bad))
+            ops.history_sample(known, users, torch.full((2, 4), bad, device=device))
     with pytest.raises(RuntimeError, match="uniform"):
-        ops.history_sample(known, users, torch.rand(2, 4, dtype=torch.float64))
+        ops.history_sample(known, users, torch.rand(2, 4, dtype=torch.float64, device=device))
     with pytest.raises(RuntimeError, match="users has ids outside"):
-        ops.history_sample(known, torch.tensor([7, 0]), torch.rand(2, 4))
+        ops.history_sample(known, torch.tensor([7, 0], device=device), torch.rand(2, 4, device=device))

@@ -60,17 +60,21 @@ def opcheck_cases(device: str) -> list:
     return [(torch.ops.pnn_fast.unknown_items.default, [known.indptr, known.indices, users, uniform, known.num_items])]
 
 
-def test_unknown_items_rejects_bad_draws_and_users():
-    full = KnownPositives.from_pairs(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 0]), 2, 2)  # user 0 knows all
+@pytest.mark.parametrize("device", DEVICES)
+def test_unknown_items_rejects_bad_draws_and_users(device):
+    """Checked before the kernel runs, on CUDA too (where a device-side assert would leave the
+    context unusable: tests/test_ids_checked_before_launch.py runs an op after such errors)."""
+    full = KnownPositives.from_pairs(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 0]), 2, 2).to(device)  # user 0 knows all
+    zero = torch.tensor([0], device=device)
     with pytest.raises(RuntimeError, match="every user must have an unknown item"):
-        ops.unknown_items(full, torch.tensor([0]), torch.tensor([[0.5]]))
-    known = small_known()
+        ops.unknown_items(full, zero, torch.tensor([[0.5]], device=device))
+    known = small_known(device)
     for bad in (1.0, -0.25, float("nan")):
         with pytest.raises(RuntimeError, match=r"uniform must lie in \[0, 1\)"):
-            ops.unknown_items(known, torch.tensor([0]), torch.tensor([[bad]]))
+            ops.unknown_items(known, zero, torch.tensor([[bad]], device=device))
     with pytest.raises(RuntimeError, match="users has ids outside"):
-        ops.unknown_items(known, torch.tensor([5]), torch.tensor([[0.0]]))
+        ops.unknown_items(known, torch.tensor([5], device=device), torch.tensor([[0.0]], device=device))
     with pytest.raises(RuntimeError, match="uniform must be Float"):
-        ops.unknown_items(known, torch.tensor([0]), torch.tensor([[0.0]], dtype=torch.float64))
+        ops.unknown_items(known, zero, torch.tensor([[0.0]], dtype=torch.float64, device=device))
     with pytest.raises(ValueError, match="backend must be one of"):
         unknown_from_uniform(known, torch.tensor([0]), torch.tensor([[0.0]]), "gpu")

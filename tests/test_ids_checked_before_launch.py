@@ -1,0 +1,64 @@
+"""Every op rejects out-of-range ids with a one-line error, on every device.
+
+The checks run on the host before a kernel launches (csrc/common/checks.h), on CPU and on CUDA
+alike: a device-side assert would leave the CUDA context unusable for the rest of the process, so
+on CUDA the test also runs a valid op after the errors and checks its result.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batches import DEVICES, bpr_inputs, make_batch, raw_args, requires_kernels
+from pnn_fast import CSR, _extension
+from pnn_fast.backends import reference
+
+pytestmark = requires_kernels
+if _extension.has_kernels("cpu"):
+    from pnn_fast import ops
+
+
+def bad_calls(device: str) -> list:
+    """(name, call, message): one call per op with an id outside its table (the draw ops'
+    invalid draws: tests/ops/test_unknown_items.py, tests/ops/test_history_sample.py)."""
+    pnn = torch.ops.pnn_fast
+    args = raw_args(make_batch(6, 4, per_row=5, num_items=20, seed=6, device=device))
+    k = torch.ones(6, dtype=torch.int64, device=device)
+    with_users = lambda users: args[:2] + [users] + args[3:]  # noqa: E731
+    with_candidates = lambda candidates: args[:4] + [candidates] + args[5:]  # noqa: E731
+    user_table, item_table, users, pos, neg = bpr_inputs(device=device, rows=5)
+    table = torch.randn(10, 5, dtype=torch.float64, device=device)
+    scores = torch.randn(2, 5, device=device)
+    no_exclusions = CSR(torch.zeros(3, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 2, 5).to(device)
+    return [
+        ("count_unlabeled users", lambda: pnn.count_unlabeled(*with_users(args[2] + 1000)), "users has ids outside"),
+        ("count_unlabeled pos_items", lambda: pnn.count_unlabeled(*args[:3], args[3] - 100, *args[4:]),
+         "pos_items has ids outside"),
+        ("hard_negative_argmax candidates", lambda: pnn.hard_negative_argmax(*with_candidates(args[4] + 1000)),
+         "candidates has ids outside"),
+        ("class_centroids_fwd candidates", lambda: pnn.class_centroids_fwd(*with_candidates(args[4] - 1000), k),
+         "candidates has ids outside"),
+        ("embedding_bpr_fwd neg_items", lambda: pnn.embedding_bpr_fwd(user_table, item_table, users, pos, neg - 100, 0.0),
+         "neg_items has ids outside"),
+        ("gathered_dots ids", lambda: ops.gathered_dots(table[:2], table, torch.full((2, 3), 10, device=device)),
+         "ids has ids outside"),
+        ("gathered_norm ids", lambda: ops.gathered_norm(table, torch.tensor([3, -1], device=device)),
+         "ids has ids outside"),
+        ("masked_topk rows", lambda: ops.masked_topk(scores, torch.tensor([0, 2], device=device), [no_exclusions], 2),
+         "rows has ids outside"),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_range_ids_are_one_line_errors(device):
+    for name, call, message in bad_calls(device):
+        with pytest.raises(RuntimeError, match=message) as info:
+            call()
+        first_line = str(info.value).splitlines()[0]
+        assert "pnn_fast::" in first_line and "Exception raised from" not in first_line, name
+    # The context is still usable (no device-side assert fired): a valid op gives the right value.
+    if device == "cuda":
+        torch.cuda.synchronize()
+    table = torch.randn(10, 5, dtype=torch.float64, device=device)
+    ids = torch.tensor([3, 3, 9], device=device)
+    torch.testing.assert_close(ops.gathered_norm(table, ids), reference.gathered_norm(table, ids))
