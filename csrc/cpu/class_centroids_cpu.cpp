@@ -202,6 +202,7 @@ at::Tensor class_centroids_bwd_cpu(const at::Tensor& grad_neutral, const at::Ten
     at::parallel_for(0, threads, 1, [&](int64_t part_begin, int64_t part_end) {
       std::vector<int64_t> owned;  // the candidates j of a row that this task owns, and their items
       std::vector<int64_t> owned_items;
+      std::vector<uint8_t> unlabeled;
       TiledVectors<acc_t> tiles;
       std::vector<acc_t> user, scores;
       for (int64_t part = part_begin; part < part_end; ++part) {
@@ -220,9 +221,12 @@ at::Tensor class_centroids_bwd_cpu(const at::Tensor& grad_neutral, const at::Ten
           to_acc(row.user, d, user);
           scores.resize(tiles.padded_count());
           tiles.lane_sums(user.data(), DotTerm{}, scores.data());
+          unlabeled.resize(owned.size());
+          unlabeled_flags(row, owned_items.data(), static_cast<int64_t>(owned.size()), unlabeled.data());
           const auto threshold_key = order_key(threshold_ptr[b]);
           for (size_t i = 0; i < owned.size(); ++i) {
-            const RowClass cls = row.classify(owned[i], scores[i], threshold_key, cutoff_ptr[b]);
+            const auto key = unlabeled[i] ? order_key(scores[i]) : decltype(threshold_key)(kExcludedKey);
+            const RowClass cls = classify_key(key, owned[i], threshold_key, cutoff_ptr[b]);
             if (cls == kNotUnlabeled) continue;
             const acc_t* g = grad_ptr[cls] + b * d;
             acc_t* dst = grad_out + owned_items[i] * d;

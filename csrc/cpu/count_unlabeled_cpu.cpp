@@ -26,6 +26,7 @@ at::Tensor count_unlabeled_cpu(const at::Tensor& user_emb, const at::Tensor& ite
     const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
     const CandidateSet<scalar_t, acc_t> set(batch);
     at::parallel_for(0, in.rows, row_grain(in.num_candidates, 1), [&](int64_t begin, int64_t end) {
+      std::vector<uint8_t> flags(set.shared ? 0 : in.num_candidates);
       for (int64_t b = begin; b < end; ++b) {
         const Row<scalar_t, acc_t> row(batch, b);
         int64_t count = 0;
@@ -33,7 +34,8 @@ at::Tensor count_unlabeled_cpu(const at::Tensor& user_emb, const at::Tensor& ite
           set.for_each_labeled(row, [&](int64_t) { ++count; });
           count = in.num_candidates - count;
         } else {
-          for (int64_t j = 0; j < in.num_candidates; ++j) count += row.unlabeled(j);
+          unlabeled_flags(row, row.candidates, in.num_candidates, flags.data());
+          for (const uint8_t flag : flags) count += flag;
         }
         count_out[b] = count;
       }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -48,6 +49,32 @@ void for_column_blocks(int64_t d, int64_t entries, F f) {
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     f(begin * kBlock, std::min(d, end * kBlock));
   });
+}
+
+// out[i] = 1 when items[i] is in U_b of `row` (neither its positive nor a known item of its user),
+// else 0: Row::unlabeled for a list of items, with the binary searches over the user's known list
+// (pnn_rows.h sorted_contains, step for step) run in lockstep.  Every step's loads are independent
+// across the items, so their cache misses overlap; one search at a time waits for each miss in
+// turn, which was half of a sampled-candidate row's time.
+template <typename scalar_t, typename acc_t>
+void unlabeled_flags(const Row<scalar_t, acc_t>& row, const int64_t* items, int64_t count, uint8_t* out) {
+  constexpr int64_t kGroup = 16;
+  const int64_t* at[kGroup];
+  for (int64_t first = 0; first < count; first += kGroup) {
+    const int64_t size = std::min(kGroup, count - first);
+    const int64_t* item = items + first;
+    if (row.num_known <= 0) {
+      for (int64_t i = 0; i < size; ++i) out[first + i] = item[i] != row.pos_item;
+      continue;
+    }
+    for (int64_t i = 0; i < size; ++i) at[i] = row.known;
+    for (int64_t n = row.num_known; n > 1;) {
+      const int64_t half = n >> 1;
+      for (int64_t i = 0; i < size; ++i) at[i] = at[i][half] <= item[i] ? at[i] + half : at[i];
+      n -= half;
+    }
+    for (int64_t i = 0; i < size; ++i) out[first + i] = (item[i] != row.pos_item) & (*at[i] != item[i]);
+  }
 }
 
 // a[k] converted to acc_t, into `out` (resized to d).
@@ -131,7 +158,9 @@ class RowScan {
         labeled_.push_back(j);
       });
     } else {
-      for (int64_t j = 0; j < count; ++j) keys_[j] = row.unlabeled(j) ? keys_[j] : key_t(kExcludedKey);
+      flags_.resize(count);
+      unlabeled_flags(row, row.candidates, count, flags_.data());
+      for (int64_t j = 0; j < count; ++j) keys_[j] = flags_[j] ? keys_[j] : key_t(kExcludedKey);
     }
   }
 
@@ -193,7 +222,7 @@ class RowScan {
   std::vector<acc_t> scores_;
   std::vector<key_t> keys_;
   std::vector<int64_t> labeled_;
-  std::vector<uint8_t> flags_;  // scratch of members()
+  std::vector<uint8_t> flags_;  // scratch of load() and members()
 };
 
 // Bottom-k selection of one row: the radix select of the CUDA kernel (radix_digit, radix_pick),
@@ -209,6 +238,7 @@ class BottomK {
   // The state (threshold, cutoff) of the k lowest (key, j) among keys[j] != kExcludedKey, j <
   // count; k is clamped to [0, |U_b|].
   void select(const key_t* keys, int64_t count, int64_t k, acc_t& threshold, int64_t& cutoff) {
+    if (count <= kShortRow) return select_short(keys, count, k, threshold, cutoff);
     int shift = KeyBits<key_t>::value - kRadixBits;
     int64_t histogram[kRadixSize];
     clear_counts();
@@ -266,6 +296,27 @@ class BottomK {
   }
 
  private:
+  // Rows up to this long select directly: the radix passes clear and merge 256-digit histograms
+  // several times per row, which costs more than the row itself for a few sampled candidates.
+  static constexpr int64_t kShortRow = 64;
+
+  // select() on a short row: the k-th lowest (key, j) pair is the threshold key and the cutoff.
+  void select_short(const key_t* keys, int64_t count, int64_t k, acc_t& threshold, int64_t& cutoff) {
+    pairs_.clear();
+    for (int64_t j = 0; j < count; ++j) {
+      if (keys[j] != key_t(kExcludedKey)) pairs_.emplace_back(keys[j], j);
+    }
+    const int64_t rank = std::min(std::max<int64_t>(k, 0), static_cast<int64_t>(pairs_.size()));
+    if (rank == 0) {
+      threshold = neg_infinity<acc_t>();
+      cutoff = -1;
+      return;
+    }
+    std::nth_element(pairs_.begin(), pairs_.begin() + (rank - 1), pairs_.end());
+    threshold = key_to_score<acc_t>(pairs_[rank - 1].first);
+    cutoff = pairs_[rank - 1].second;
+  }
+
   // Digit counts in kCopies interleaved histograms (element i counts in copy i % kCopies): keys
   // cluster in few digits, and consecutive increments of one counter would wait on each other's
   // store; separate copies keep several increments in flight.
@@ -290,6 +341,7 @@ class BottomK {
   int32_t counts_[kCopies][kRadixSize];
   std::vector<key_t> keys_;     // candidates still matching the chosen digits
   std::vector<int64_t> index_;  // their j
+  std::vector<std::pair<key_t, int64_t>> pairs_;  // select_short's (key, j) of the members
 };
 
 }  // namespace pnn_fast

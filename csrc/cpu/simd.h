@@ -8,6 +8,7 @@
 // (one instruction on AArch64; a slow but exact library call on x86 without FMA).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cmath>
 #include <cstring>
@@ -54,9 +55,13 @@ struct VectorFma {
   }
 };
 
-// out[j] for the tiles [tile_begin, tile_end) of `tiles` (d x kTile values per tile), with
-// kBytes-wide vectors (kBytes = sizeof(acc_t): scalar code).
-template <int kBytes, typename acc_t, typename Term>
+// A last tile with at most this many vectors is evaluated on its first kShortLanes lanes only: a
+// row of a few sampled candidates would otherwise pay for 64 lanes (and their zeroing) to use 8.
+constexpr int64_t kShortLanes = 8;
+
+// out[j] for the first kLanes lanes of the tiles [tile_begin, tile_end) of `tiles` (d x kTile
+// values per tile), with kBytes-wide vectors (kBytes = sizeof(acc_t): scalar code).
+template <int kBytes, int64_t kLanes, typename acc_t, typename Term>
 PNN_ALWAYS_INLINE void tile_chains(const acc_t* a, const acc_t* tiles, int64_t d, int64_t tile_begin,
                                    int64_t tile_end, Term term, acc_t* out) {
 #ifdef PNN_SIMD_VECTORS
@@ -66,7 +71,8 @@ PNN_ALWAYS_INLINE void tile_chains(const acc_t* a, const acc_t* tiles, int64_t d
   using vec = acc_t;
 #endif
   constexpr int64_t width = kBytes / static_cast<int64_t>(sizeof(acc_t));
-  constexpr int64_t nvec = kTile / width;
+  static_assert(kLanes % width == 0 && kLanes <= kTile, "whole vectors of a tile");
+  constexpr int64_t nvec = kLanes / width;
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const acc_t* t = tiles + tile * d * kTile;
     vec acc[nvec] = {};
@@ -84,24 +90,25 @@ PNN_ALWAYS_INLINE void tile_chains(const acc_t* a, const acc_t* tiles, int64_t d
 }
 
 #ifdef PNN_SIMD_AVX2_DISPATCH
-template <typename acc_t, typename Term>
+template <int64_t kLanes, typename acc_t, typename Term>
 __attribute__((target("avx2,fma"))) void tile_chains_avx2(const acc_t* a, const acc_t* tiles, int64_t d,
                                                       int64_t tile_begin, int64_t tile_end, Term term, acc_t* out) {
-  tile_chains<32>(a, tiles, d, tile_begin, tile_end, term, out);
+  tile_chains<32, kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
 }
 #endif
 
-template <typename acc_t, typename Term>
+template <int64_t kLanes, typename acc_t, typename Term>
 void tile_chains_dispatch(const acc_t* a, const acc_t* tiles, int64_t d, int64_t tile_begin, int64_t tile_end,
                           Term term, acc_t* out) {
+  if (tile_begin >= tile_end) return;
 #ifdef PNN_SIMD_AVX2_DISPATCH
   static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (has_avx2) return tile_chains_avx2(a, tiles, d, tile_begin, tile_end, term, out);
+  if (has_avx2) return tile_chains_avx2<kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
 #endif
 #ifdef PNN_SIMD_VECTORS
-  tile_chains<16>(a, tiles, d, tile_begin, tile_end, term, out);
+  tile_chains<16, kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
 #else
-  tile_chains<sizeof(acc_t)>(a, tiles, d, tile_begin, tile_end, term, out);
+  tile_chains<sizeof(acc_t), kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
 #endif
 }
 
@@ -111,11 +118,20 @@ template <typename acc_t>
 class TiledVectors {
  public:
   // Vector j := table[ids[j]] (or table[j] when ids is null), for j < count; table is [*, d].
+  // Only the padding lanes that lane_sums evaluates are zeroed: a load per row of a few sampled
+  // candidates must not clear a whole tile.
   template <typename scalar_t>
   void load(const scalar_t* table, const int64_t* ids, int64_t count, int64_t d) {
     dim_ = d;
     tiles_ = (count + kTile - 1) / kTile;
-    data_.assign(tiles_ * d * kTile, acc_t(0));
+    const int64_t last = count - (tiles_ - 1) * kTile;  // vectors in the last tile
+    short_last_ = tiles_ > 0 && last <= kShortLanes;
+    data_.resize(tiles_ * d * kTile);
+    if (tiles_ > 0) {
+      acc_t* tile = data_.data() + (tiles_ - 1) * d * kTile;
+      const int64_t evaluated = short_last_ ? kShortLanes : kTile;
+      for (int64_t k = 0; k < d; ++k) std::fill(tile + k * kTile + last, tile + k * kTile + evaluated, acc_t(0));
+    }
     for (int64_t j = 0; j < count; ++j) {
       const scalar_t* v = table + (ids != nullptr ? ids[j] : j) * d;
       acc_t* dst = data_.data() + (j / kTile) * d * kTile + j % kTile;
@@ -127,16 +143,20 @@ class TiledVectors {
   int64_t padded_count() const { return tiles_ * kTile; }
 
   // out[j] = the chain acc = term(a[k], v_j[k], acc), k = 0..d-1, from acc = 0 (the chain of
-  // pnn_fast::sequential_sum), for every vector of the tiles from the one holding `first` on.
+  // pnn_fast::sequential_sum), for every vector j >= first (and some before it, from the start of
+  // its tile); the padding entries of `out` past the last vector are unspecified.
   template <typename Term>
   void lane_sums(const acc_t* a, Term term, acc_t* out, int64_t first = 0) const {
-    tile_chains_dispatch(a, data_.data(), dim_, first / kTile, tiles_, term, out);
+    const int64_t full = tiles_ - (short_last_ ? 1 : 0);
+    tile_chains_dispatch<kTile>(a, data_.data(), dim_, first / kTile, full, term, out);
+    if (short_last_) tile_chains_dispatch<kShortLanes>(a, data_.data(), dim_, tiles_ - 1, tiles_, term, out);
   }
 
  private:
   std::vector<acc_t> data_;
   int64_t dim_ = 0;
   int64_t tiles_ = 0;
+  bool short_last_ = false;  // the last tile holds at most kShortLanes vectors
 };
 
 }  // namespace pnn_fast
