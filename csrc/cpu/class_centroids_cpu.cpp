@@ -120,6 +120,7 @@ class_centroids_fwd_cpu(const at::Tensor& user_emb, const at::Tensor& item_table
 // Item-id bounds of `parts` ranges holding about equally many candidate occurrences (quantiles of
 // a strided sample of the candidate ids): bounds[p] <= items of part p < bounds[p + 1].
 std::vector<int64_t> balanced_item_bounds(const RowInputs& in, int64_t parts) {
+  if (parts == 1) return {0, in.item_table.size(0)};  // one thread: no quantiles to sort for
   const int64_t total = in.candidates.numel();
   const int64_t stride = std::max<int64_t>(1, total / (int64_t{1} << 16));
   const int64_t* ids = in.candidates.data_ptr<int64_t>();
