@@ -141,12 +141,18 @@ PNN_HD inline acc_t dot_wide(const scalar_t* a, const scalar_t* b, int64_t d) {
 // ---------------------------------------------------------------------------------------------
 // Known positives: user u's items are indices[indptr[u]:indptr[u+1]], strictly increasing.
 
-// Branch-free binary search (the select compiles to a conditional move / predicated op).
+// One step of the branch-free binary search below: of [at, at + n) with half = n / 2, the part
+// that can hold x (the select compiles to a conditional move / predicated op).  The CPU's
+// lockstep searches (cpu/cpu_rows.h unlabeled_flags) take the same steps.
+PNN_HD inline const int64_t* search_step(const int64_t* at, int64_t half, int64_t x) {
+  return at[half] <= x ? at + half : at;
+}
+
 PNN_HD inline bool sorted_contains(const int64_t* sorted, int64_t n, int64_t x) {
   if (n <= 0) return false;
   while (n > 1) {
     const int64_t half = n >> 1;
-    sorted = (sorted[half] <= x) ? sorted + half : sorted;
+    sorted = search_step(sorted, half, x);
     n -= half;
   }
   return *sorted == x;

@@ -53,7 +53,7 @@ void for_column_blocks(int64_t d, int64_t entries, F f) {
 
 // out[i] = 1 when items[i] is in U_b of `row` (neither its positive nor a known item of its user),
 // else 0: Row::unlabeled for a list of items, with the binary searches over the user's known list
-// (pnn_rows.h sorted_contains, step for step) run in lockstep.  Every step's loads are independent
+// (pnn_rows.h sorted_contains's search_step) run in lockstep.  Every step's loads are independent
 // across the items, so their cache misses overlap; one search at a time waits for each miss in
 // turn, which was half of a sampled-candidate row's time.
 template <typename scalar_t, typename acc_t>
@@ -70,7 +70,7 @@ void unlabeled_flags(const Row<scalar_t, acc_t>& row, const int64_t* items, int6
     for (int64_t i = 0; i < size; ++i) at[i] = row.known;
     for (int64_t n = row.num_known; n > 1;) {
       const int64_t half = n >> 1;
-      for (int64_t i = 0; i < size; ++i) at[i] = at[i][half] <= item[i] ? at[i] + half : at[i];
+      for (int64_t i = 0; i < size; ++i) at[i] = search_step(at[i], half, item[i]);
       n -= half;
     }
     for (int64_t i = 0; i < size; ++i) out[first + i] = (item[i] != row.pos_item) & (*at[i] != item[i]);
