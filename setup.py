@@ -134,6 +134,19 @@ def cuda_arch_list() -> str:
     return DEFAULT_ARCH_LIST
 
 
+def shared_cxx_runtime_flags() -> list:
+    """Link libstdc++.so.6 by name on Linux, ahead of the compiler's own -lstdc++.
+
+    A toolchain that links libstdc++ statically (LDFLAGS=-static-libstdc++, or a compiler that
+    finds only libstdc++.a) gives the extension a second copy of the C++ runtime beside the one
+    torch loads; the two disagree on locale facets, so an error message that formats a number is
+    cut short there, or crashes (SIGSEGV in std::ostream::_M_insert<long> on the GPU machine,
+    bench/README.md).  Named first, the shared library resolves every std:: symbol and nothing is
+    taken from the archive.  tests/test_build.py checks the result.
+    """
+    return ["-l:libstdc++.so.6"] if sys.platform == "linux" else []
+
+
 def openmp_flags():
     """at::parallel_for is a header template: it only runs threads in our code when that code is
     compiled with OpenMP, like torch's own (the default backend) -- the same check as pytorch_scatter."""
@@ -190,7 +203,7 @@ extension = extension_type(
     sources,
     include_dirs=[str(ROOT / "csrc")],
     extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags} if WITH_CUDA else {"cxx": cxx_flags},
-    extra_link_args=(["-O0", "-g"] if DEBUG else []) + sanitize_flags + openmp_flags(),
+    extra_link_args=(["-O0", "-g"] if DEBUG else []) + sanitize_flags + openmp_flags() + shared_cxx_runtime_flags(),
     py_limited_api=True,
 )
 

@@ -11,12 +11,15 @@
 # Without a GPU, the CPU-side steps only (the smoke workload on the CPU, the scripts' arguments):
 #   bash bench/gpu_check.sh --dry-run
 #
-# Steps: build the CUDA extension (TORCH_CUDA_ARCH_LIST, default 9.0); the CUDA cases of the op,
-# backend, loss and attention tests (opcheck included); bench/gpu_smoke.py, every kernel forward and
+# Steps: build the CUDA extension (TORCH_CUDA_ARCH_LIST, default 9.0); the toolchain that linked it
+# (compiler, Python's link flags, libstdc++ shared and not copied in: tests/test_build.py); the CUDA
+# cases of the op, backend, loss, attention, parity and id-check tests (opcheck included; pytest-xdist
+# workers, so that a crash costs its test and not the rest); bench/gpu_smoke.py, every kernel forward and
 # backward against the reference plus torch.compile(PNNLoss) against eager; the same workload under
 # compute-sanitizer memcheck and racecheck; bench_pnn_loss.py on CUDA at B = 2048 and 8192
 # (reference, torch.compile(reference), fused: ms and torch.cuda.max_memory_allocated); one ML-1M
-# epoch each of BPR, DNS and PNN with MF on the GPU (bench_epochs.py).
+# epoch each of BPR, DNS and PNN with MF on the GPU (bench_epochs.py); the CPU kernels' tests on the
+# machine's 16 cores (thread-count bugs that 2 cores hide).
 set -uo pipefail
 
 DRY_RUN=0
@@ -32,7 +35,7 @@ mkdir -p "$OUT"
 REPORT="$OUT/gpu_check.md"
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
-DEADLINE_S=${DEADLINE_S:-450}
+DEADLINE_S=${DEADLINE_S:-480}
 PYTHON=${PYTHON:-python}
 export PNN_FAST_DATA=${PNN_FAST_DATA:-$PWD/bench/.data}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
@@ -62,8 +65,20 @@ run() {
   echo "   $status in ${took} s" >&2
 }
 
+# The toolchain facts a link problem needs, then the check that libstdc++ was linked shared.
+linkage() {
+  c++ --version | head -n 1
+  "$PYTHON" -c "import sysconfig; print({k: sysconfig.get_config_var(k) for k in ('CXX', 'LDCXXSHARED', 'LDFLAGS')})"
+  echo "LDFLAGS in the environment: ${LDFLAGS-unset}"
+  ldd pnn_fast/_C*.so | grep -E "libstdc|libgcc|cudart" || true
+  "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_build.py -k "cxx_runtime or every_op"
+}
+export -f linkage
+export PYTHON
+
 if (( DRY_RUN )); then
   run syntax 10 bash -n bench/gpu_check.sh
+  run linkage 120 bash -c linkage
   run smoke-cpu 120 "$PYTHON" bench/gpu_smoke.py --device cpu
   run bench-args 60 "$PYTHON" bench/bench_pnn_loss.py --help
   run epochs-collect 60 "$PYTHON" -m pytest bench/bench_epochs.py --collect-only -q -p no:cacheprovider
@@ -71,14 +86,18 @@ else
   run build 330 "$PYTHON" -m pip install --no-build-isolation --no-deps -e .
   run extension 60 "$PYTHON" -c "import torch, pnn_fast; info = pnn_fast.build_info(); print(info); \
 assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no GPU'"
-  run tests-cuda 300 "$PYTHON" -m pytest -q -p no:cacheprovider tests/ops tests/test_backends.py \
-    tests/test_losses.py tests/test_attention.py tests/test_property_parity.py -k cuda
+  run linkage 60 bash -c linkage
+  run tests-cuda 300 "$PYTHON" -m pytest -q -p no:cacheprovider -p xdist -n 4 --max-worker-restart 50 -rfE \
+    tests/ops tests/test_backends.py tests/test_losses.py tests/test_attention.py tests/test_property_parity.py \
+    tests/test_ids_checked_before_launch.py -k cuda
   run smoke-and-compile 180 "$PYTHON" bench/gpu_smoke.py --device cuda --compile
   run memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
   run bench-pnn-loss 180 "$PYTHON" bench/bench_pnn_loss.py --devices cuda --batches 2048 8192 \
     --json "$OUT/bench_pnn_loss.json"
   run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn "$PYTHON" -m pytest -q \
     -p no:cacheprovider bench/bench_epochs.py --benchmark-columns=median,rounds
+  run tests-cpu 150 "$PYTHON" -m pytest -q -p no:cacheprovider -p xdist -n 2 -rfE tests/ops tests/test_losses.py \
+    tests/test_attention.py -k "not cuda"
   run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
 fi
 

@@ -48,6 +48,27 @@ def test_every_op_has_its_kernels():
         assert has(f"pnn_fast::{op}", "CUDA") == build_info()["with_cuda"], op
 
 
+# The C++ runtime's own compiled parts (streams, locales, facets): defined by libstdc++.so, never
+# by an extension that links it dynamically.
+CXX_RUNTIME_SYMBOL = re.compile(r"std::(ios_base|basic_ios|basic_ostream|basic_istream|ostream::|locale|"
+                                r"__codecvt|codecvt|num_put|num_get)")
+
+
+@compiled
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the ELF dynamic symbol table with binutils' nm")
+def test_extension_links_the_shared_cxx_runtime():
+    """On the GPU machine (2026-11-26) an error message that formats a number crashed with SIGSEGV
+    inside std::ostream::_M_insert<long>, a symbol the backtrace found in pnn_fast/_C.abi3.so: the
+    extension carried its own copy of the C++ runtime's streams beside libstdc++.so's.  Two copies
+    disagree on their locale facets; every std:: stream symbol must come from libstdc++.so."""
+    library = importlib.import_module("pnn_fast._C").__file__
+    listing = subprocess.run(["nm", "-D", "-C", "--defined-only", library], capture_output=True, text=True,
+                             check=True).stdout
+    own_runtime = sorted({line.split(" ", 2)[-1] for line in listing.splitlines() if CXX_RUNTIME_SYMBOL.search(line)})
+    assert not own_runtime, (f"{library} defines {len(own_runtime)} of the C++ runtime's own symbols "
+                             f"(linked statically?), e.g. {own_runtime[:3]}")
+
+
 def test_require_kernels_says_how_to_rebuild(monkeypatch):
     monkeypatch.setitem(_extension._INFO, "compiled", True)
     monkeypatch.setitem(_extension._INFO, "with_cuda", False)

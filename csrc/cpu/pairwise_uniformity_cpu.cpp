@@ -11,6 +11,7 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -25,6 +26,19 @@ namespace pnn_fast {
 namespace {
 
 constexpr int64_t kBlockRows = 32;
+
+// The blocks call ATen ops from at::parallel_for's worker threads, which start with the default
+// thread-local state (grad mode on, autograd keys dispatched), not the caller's (below autograd):
+// on x that requires grad (float64, where x_acc is x) the workers would record a graph into the
+// returned gradient, or fail an in-place check.  Each task runs under the caller's state instead.
+template <typename Body>
+void parallel_blocks(int64_t tasks, const Body& body) {
+  const at::ThreadLocalState caller_state;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    const at::ThreadLocalStateGuard same_state(caller_state);
+    body(begin, end);
+  });
+}
 
 // Squared distances of points [i0, i0 + rows) to the points j >= first (earlier columns are
 // left unspecified): row r of `dist`, a [kBlockRows, padded n] acc_t tensor.
@@ -53,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cpu(const at::Tensor&
     TiledVectors<acc_t> tiles;
     tiles.load(p, nullptr, n, d);
     const acc_t neg_t = static_cast<acc_t>(-t);
-    at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+    parallel_blocks((blocks + 1) / 2, [&](int64_t begin, int64_t end) {
       at::Tensor logits = at::empty({kBlockRows, tiles.padded_count()}, x.options().dtype(acc_dtype));
       std::vector<acc_t> xi;
       const auto block_lse = [&](int64_t block) {
@@ -99,7 +113,7 @@ at::Tensor pairwise_uniformity_bwd_cpu(const at::Tensor& grad, const at::Tensor&
     const scalar_t* p = points.data_ptr<scalar_t>();
     TiledVectors<acc_t> tiles;
     tiles.load(p, nullptr, n, d);
-    at::parallel_for(0, (n + kBlockRows - 1) / kBlockRows, 1, [&](int64_t begin, int64_t end) {
+    parallel_blocks((n + kBlockRows - 1) / kBlockRows, [&](int64_t begin, int64_t end) {
       at::Tensor weights = at::empty({kBlockRows, tiles.padded_count()}, x_acc.options());
       std::vector<acc_t> xi;
       for (int64_t block = begin; block < end; ++block) {

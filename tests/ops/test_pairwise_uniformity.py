@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batches import DEVICES, TOLERANCE, requires_kernels
+from batches import DEVICES, TOLERANCE, requires_kernels, under_thread_counts
 from pnn_fast import _extension
 from pnn_fast.backends import reference
 
@@ -57,6 +57,26 @@ def test_pairwise_uniformity_float32_at_large_scale():
     got = ops.pairwise_uniformity(x.float(), 2.0)
     assert torch.isfinite(got)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradient_is_a_plain_tensor_on_any_thread_count(dtype):
+    """The CPU kernels call ATen ops from parallel_for's worker threads: those must run below
+    autograd as the caller does.  Found on a 16-core GPU machine: with x float64 (x_acc is x
+    itself) the workers recorded a graph into the gradient (CopySlices) or failed an in-place check."""
+    x = torch.randn(300, 8, dtype=dtype, generator=torch.Generator().manual_seed(3))
+
+    def gradient():
+        xr = x.clone().requires_grad_()
+        value = ops.pairwise_uniformity(xr, 2.0)
+        return value, torch.autograd.grad(value, xr)[0]
+
+    (value_1, grad_1), (value_2, grad_2), (value_4, grad_4) = under_thread_counts((1, 2, 4), gradient)
+    for grad in (grad_1, grad_2, grad_4):
+        assert not grad.requires_grad and grad.grad_fn is None
+    torch.testing.assert_close(torch.stack([value_2, value_4]), value_1.expand(2), rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad_2, grad_1, **TOLERANCE[dtype])
+    torch.testing.assert_close(grad_4, grad_1, **TOLERANCE[dtype])
 
 
 @pytest.mark.cuda

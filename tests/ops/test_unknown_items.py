@@ -72,7 +72,7 @@ def test_unknown_items_rejects_bad_draws_and_users(device):
     for bad in (1.0, -0.25, float("nan")):
         with pytest.raises(RuntimeError, match=r"uniform must lie in \[0, 1\)"):
             ops.unknown_items(known, zero, torch.tensor([[bad]], device=device))
-    with pytest.raises(RuntimeError, match="users has ids outside"):
+    with pytest.raises(RuntimeError, match=r"users has ids outside \[0, 5\)"):
         ops.unknown_items(known, torch.tensor([5], device=device), torch.tensor([[0.0]], device=device))
     with pytest.raises(RuntimeError, match="uniform must be Float"):
         ops.unknown_items(known, zero, torch.tensor([[0.0]], dtype=torch.float64, device=device))
