@@ -194,7 +194,7 @@ sanitize_flags = ([f"-fsanitize={','.join(SANITIZE)}", "-fno-omit-frame-pointer"
 optimization = ["-O0", "-g"] if DEBUG else ["-O1", "-g"] if SANITIZE else ["-O3"]
 cxx_flags = optimization + ["-ffp-contract=off", "-Wno-psabi"] + sanitize_flags + openmp_flags() + defines
 nvcc_flags = (["-O0", "-g", "-lineinfo"] if DEBUG else ["-O3"]) + defines
-sources = relative_sources("csrc/*.cpp") + relative_sources("csrc/cpu/*.cpp")
+sources = relative_sources("csrc/*.cpp") + relative_sources("csrc/common/*.cpp") + relative_sources("csrc/cpu/*.cpp")
 if WITH_CUDA:  # the op files of csrc/cuda/, as one translation unit (see csrc/cuda_ops.cu)
     sources += ["csrc/cuda_ops.cu"]
 extension_type = CUDAExtension if WITH_CUDA else CppExtension

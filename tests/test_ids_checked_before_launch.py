@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from batches import DEVICES, bpr_inputs, make_batch, raw_args, requires_kernels
-from pnn_fast import CSR, _extension
+from pnn_fast import CSR, KnownPositives, _extension
 from pnn_fast.backends import reference
 
 pytestmark = requires_kernels
@@ -64,3 +64,37 @@ def test_out_of_range_ids_are_one_line_errors(device):
     table = torch.randn(10, 5, dtype=torch.float64, device=device)
     ids = torch.tensor([3, 3, 9], device=device)
     torch.testing.assert_close(ops.gathered_norm(table, ids), reference.gathered_norm(table, ids))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device and the CUDA kernels")
+def test_checked_ops_capture_into_a_cuda_graph():
+    """A read-back is not allowed while a stream captures a CUDA graph (torch.compile's
+    mode="reduce-overhead" captures one): the id and draw checks step aside during the capture, the
+    eager warm-up call before it checks, and the replays compute from the inputs' current values."""
+    table = torch.randn(10, 5, dtype=torch.float64, device="cuda")
+    ids = torch.tensor([3, 3, 9], device="cuda")
+    known = KnownPositives.from_pairs(torch.tensor([0, 0, 1, 1, 1]), torch.tensor([1, 4, 0, 2, 3]), 2, 5).to("cuda")
+    users = torch.tensor([1, 0], device="cuda")
+    uniform = torch.rand(2, 2, device="cuda")
+
+    def step():
+        return ops.gathered_norm(table, ids), ops.history_sample(known, users, uniform)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # the warm-up, checked
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        norm, sample = step()
+    for new_ids, new_users in (([9, 0, 1], [0, 1]), ([2, 2, 2], [1, 1])):
+        ids.copy_(torch.tensor(new_ids))
+        users.copy_(torch.tensor(new_users))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(norm, reference.gathered_norm(table, ids))
+        assert torch.equal(sample, reference.history_sample(known, users, uniform))
+    with pytest.raises(RuntimeError, match=r"ids has ids outside \[0, 10\)$"):  # eager calls check again
+        ops.gathered_norm(table, torch.tensor([10], device="cuda"))

@@ -82,11 +82,17 @@ inline RowInputs prepare_row_inputs(const char* op, const at::Tensor& user_emb, 
   return in;
 }
 
+// False while `t`'s CUDA stream is capturing a CUDA graph (csrc/pnn_fast.cpp): a read-back would
+// end the capture with an error, and a replayed graph runs no host code at all.  The value checks
+// below then do not run: they run on eager calls, and on the warm-up call that torch.compile's
+// CUDA graphs (mode="reduce-overhead") make before capturing.
+bool host_read_back_allowed(const at::Tensor& t);
+
 // Id ranges (users < num_users, items < num_items): one reduction and one read-back per tensor.
 // Both backends check on the host before launching: on CUDA that costs a synchronisation, but a
 // device-side assert would leave the CUDA context unusable for the rest of the process.
 inline void check_ids_below(const char* op, const at::Tensor& ids, int64_t bound, const char* name) {
-  if (ids.numel() == 0) return;
+  if (ids.numel() == 0 || !host_read_back_allowed(ids)) return;
   TORCH_CHECK(!ids.lt(0).logical_or_(ids.ge(bound)).any().item<bool>(), op, ": ", name,
               " has ids outside [0, ", bound, ")");
 }
@@ -206,6 +212,7 @@ inline KnownDraws prepare_known_draws(const char* op, const at::Tensor& known_in
 // given (unknown_items), an unknown item left for every drawing user.  The CPU kernels test the
 // same per row as they go and raise the same errors.
 inline void check_draw_values(const char* op, const KnownDraws& in, int64_t num_items = -1) {
+  if (!host_read_back_allowed(in.uniform)) return;
   check_ids_below(op, in.users, in.num_users, "users");
   at::Tensor bad = in.uniform.ge(0).logical_and_(in.uniform.lt(1)).logical_not_().any();
   if (num_items < 0) {
