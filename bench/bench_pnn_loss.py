@@ -4,6 +4,7 @@ backend against the fused kernels, and on CUDA also torch.compile of the referen
     pytest bench/bench_pnn_loss.py --benchmark-only        # pytest-benchmark, one row per case
     python bench/bench_pnn_loss.py [--batches 2048 8192] [--threads 2] [--shape ml-1m] [--devices cuda]
                                    [--json rows.json]
+    python bench/bench_pnn_loss.py --profile --devices cuda --batches 8192   # where the fused step's time goes
 
 The script prints one table with the median time (p20-p80), the speed-up over the reference, the
 ratio to the step's arithmetic floor (``floor_step``: the bare score and uniformity products and
@@ -147,6 +148,27 @@ def format_row(row: dict) -> str:
             f"{row['over_floor']:6.2f} | {memory} |")
 
 
+def profile_fused(batches, devices, shape: str = "default", rows: int = 15) -> None:
+    """Where the fused step's time goes: torch.profiler over 3 steps after a warm-up, the ops and
+    kernels with the most self time on the device (CUDA kernels on a GPU, ops on the CPU)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if "cuda" in devices:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    for device in devices:
+        for batch in batches:
+            torch.manual_seed(0)
+            step = checked_step(device, device, batch, _REFERENCE_LOSS, shape)
+            step()
+            synchronize(torch.device(device))
+            with torch.profiler.profile(activities=activities) as prof:
+                for _ in range(3):
+                    step()
+                synchronize(torch.device(device))
+            sort_by = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+            print(f"\n## fused step on {device}, B = {batch}, shape {shape}: 3 steps, by {sort_by}\n")
+            print(prof.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
@@ -156,7 +178,13 @@ def main() -> None:
     parser.add_argument("--devices", nargs="+", choices=DEVICES, default=DEVICES,
                         help=f"devices to time (default: {' '.join(DEVICES)})")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of the table: torch.profiler's top ops and kernels of the fused step")
     args = parser.parse_args()
+    if args.profile:
+        torch.set_num_threads(args.threads)
+        profile_fused(args.batches, args.devices, args.shape)
+        return
     print("| dev  | provider          | B     | median (p20-p80)        | speed-up | / floor | memory of one step |")
     rows = run_table(args.batches, args.threads, args.shape, args.devices)
     if args.json:

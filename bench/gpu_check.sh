@@ -17,7 +17,8 @@
 # workers, so that a crash costs its test and not the rest); bench/gpu_smoke.py, every kernel forward and
 # backward against the reference plus torch.compile(PNNLoss) against eager; the same workload under
 # compute-sanitizer memcheck and racecheck; bench_pnn_loss.py on CUDA at B = 2048 and 8192
-# (reference, torch.compile(reference), fused: ms and torch.cuda.max_memory_allocated); one ML-1M
+# (reference, torch.compile(reference), fused: ms and torch.cuda.max_memory_allocated) and
+# torch.profiler's top kernels of the fused step at B = 8192 (--profile); one ML-1M
 # epoch each of BPR, DNS and PNN with MF on the GPU (bench_epochs.py); the CPU kernels' tests on the
 # machine's 16 cores (thread-count bugs that 2 cores hide).
 set -uo pipefail
@@ -81,6 +82,7 @@ if (( DRY_RUN )); then
   run linkage 120 bash -c linkage
   run smoke-cpu 120 "$PYTHON" bench/gpu_smoke.py --device cpu
   run bench-args 60 "$PYTHON" bench/bench_pnn_loss.py --help
+  run profile-cpu 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cpu --batches 256 --threads 1
   run epochs-collect 60 "$PYTHON" -m pytest bench/bench_epochs.py --collect-only -q -p no:cacheprovider
 else
   run build 330 "$PYTHON" -m pip install --no-build-isolation --no-deps -e .
@@ -94,9 +96,10 @@ assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no G
   run memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
   run bench-pnn-loss 180 "$PYTHON" bench/bench_pnn_loss.py --devices cuda --batches 2048 8192 \
     --json "$OUT/bench_pnn_loss.json"
+  run profile-cuda 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cuda --batches 8192
   run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn "$PYTHON" -m pytest -q \
     -p no:cacheprovider bench/bench_epochs.py --benchmark-columns=median,rounds
-  run tests-cpu 150 "$PYTHON" -m pytest -q -p no:cacheprovider -p xdist -n 2 -rfE tests/ops tests/test_losses.py \
+  run tests-cpu 150 "$PYTHON" -m pytest -q -p no:cacheprovider -p xdist -n 8 -rfE tests/ops tests/test_losses.py \
     tests/test_attention.py -k "not cuda"
   run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
 fi

@@ -22,7 +22,7 @@ def test_gpu_check_dry_run_passes_and_writes_its_report(tmp_path):
                          capture_output=True, text=True, timeout=600)
     report = (tmp_path / "gpu_check.md").read_text()
     assert run.returncode == 0, report
-    for step in ("syntax", "linkage", "smoke-cpu", "bench-args", "epochs-collect"):
+    for step in ("syntax", "linkage", "smoke-cpu", "bench-args", "profile-cpu", "epochs-collect"):
         assert f"| {step} | ok |" in report, report
     assert "gpu_smoke: table ops ok on cpu" in report
 
