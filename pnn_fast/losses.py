@@ -45,8 +45,13 @@ class PNNLoss(nn.Module):
         history_len: at most this many known items feed the user-aware attention (>= 1).
         uniform_t: the temperature t of L_uniform (the paper's 2; finite, > 0).
         uniform_normalize: L2-normalise the embeddings inside L_uniform.
+        uniform_over: "items" (the paper: the batch's distinct candidate items) or "users_and_items"
+            (DirectAU's: the mean of that and the same term over the batch's distinct users).
         lambda_mode: "attention" (learned per user) or "fixed" (``fixed_lambda`` everywhere).
         fixed_lambda: lambda of ``lambda_mode="fixed"``, in [0, 1].
+        lambda_range: with ``lambda_mode="attention"``, a pair (low, high), 0 <= low < high <= 1:
+            lambda = low + (high - low) * attention, so it cannot saturate at 0 or 1 (the paper's
+            attention runs to an end in every run we know of); None: the attention's own [0, 1].
         use_rank: keep L_rank (False gives the paper's "w/o rank" ablation).
         rank_weight: the weight of L_rank inside L_PNN (the paper's 1; finite, >= 0).
         num_candidates: when set, a call without ``neg_items`` draws this many uniform unknown items
@@ -73,8 +78,9 @@ class PNNLoss(nn.Module):
 
     def __init__(self, known: KnownPositives, dim: int, *, alpha: float = 0.8, beta: float = 0.6,
                  noise_max: float = 0.1, neg_size: Union[str, int] = "proportional", history_len: int = 50,
-                 uniform_t: float = 2.0, uniform_normalize: bool = True, lambda_mode: str = "attention",
-                 fixed_lambda: float = 0.5, use_rank: bool = True, rank_weight: float = 1.0,
+                 uniform_t: float = 2.0, uniform_normalize: bool = True, uniform_over: str = "items",
+                 lambda_mode: str = "attention", fixed_lambda: float = 0.5,
+                 lambda_range: Optional[Tuple[float, float]] = None, use_rank: bool = True, rank_weight: float = 1.0,
                  num_candidates: Optional[int] = None, num_hard_candidates: Optional[int] = None,
                  candidates_across_ranks: bool = False, backend: str = "auto", validate: bool = True):
         super().__init__()
@@ -86,6 +92,18 @@ class PNNLoss(nn.Module):
             raise ValueError(f"neg_size must be 'proportional', 'count' or an int >= 0, got {neg_size!r}")
         if lambda_mode not in ("attention", "fixed"):
             raise ValueError(f"lambda_mode must be 'attention' or 'fixed', got {lambda_mode!r}")
+        if uniform_over not in ("items", "users_and_items"):
+            raise ValueError(f"uniform_over must be 'items' or 'users_and_items', got {uniform_over!r}")
+        if lambda_range is not None:
+            if lambda_mode != "attention":
+                raise ValueError(f"lambda_range bounds the attention's lambda; lambda_mode={lambda_mode!r} has none")
+            if not isinstance(lambda_range, (tuple, list)) or len(lambda_range) != 2:
+                raise ValueError(f"lambda_range must be a pair (low, high), got {lambda_range!r}")
+            low = check_real("lambda_range low", lambda_range[0], high=1.0)
+            high = check_real("lambda_range high", lambda_range[1], high=1.0)
+            if not low < high:
+                raise ValueError(f"lambda_range must have low < high, got {lambda_range!r}")
+            lambda_range = (low, high)
         check_int("history_len", history_len, 1)
         for name, count in (("num_candidates", num_candidates), ("num_hard_candidates", num_hard_candidates)):
             if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
@@ -102,8 +120,10 @@ class PNNLoss(nn.Module):
         self.neg_size = neg_size
         self.uniform_t = check_real("uniform_t", uniform_t, low_open=True)
         self.uniform_normalize = uniform_normalize
+        self.uniform_over = uniform_over
         self.lambda_mode = lambda_mode
         self.fixed_lambda = check_real("fixed_lambda", fixed_lambda, high=1.0)
+        self.lambda_range = lambda_range
         self.use_rank = use_rank
         self.rank_weight = check_real("rank_weight", rank_weight)
         self.num_candidates, self.num_hard_candidates = num_candidates, num_hard_candidates
@@ -135,17 +155,19 @@ class PNNLoss(nn.Module):
             bpr, hard, _ = impl.hard_negative_bpr(user_emb, item_table, users, pos_items, hard_candidates, known)
             terms = dict(terms, bpr=bpr, hard_negative=hard)
 
-        # L_uniform over the batch's distinct candidate items; O(n^2 d), so skipped when its weight is 0
+        # L_uniform over the batch's distinct candidate items (and users); O(n^2 d), so skipped when its weight is 0
         if self.beta == 0 and not return_components:
             uniform = item_table.new_zeros(())
         else:
-            x = item_table[torch.unique(candidates)]
-            if self.uniform_normalize:
-                x = F.normalize(x, dim=1, eps=NORM_EPS)
-            uniform = impl.pairwise_uniformity(x, self.uniform_t)
+            uniform = self._uniformity(impl, item_table[torch.unique(candidates)])
+            if self.uniform_over == "users_and_items":
+                uniform = (uniform + self._uniformity(impl, user_emb[first_rows(users)])) / 2
 
         if self.attention is not None:
             lam = self.attention(user_emb, item_table, users, known, self.backend)
+            if self.lambda_range is not None:
+                low, high = self.lambda_range
+                lam = low + (high - low) * lam
         else:
             lam = torch.full_like(terms["bpr"], self.fixed_lambda)
 
@@ -159,6 +181,12 @@ class PNNLoss(nn.Module):
         components = dict(terms, rank=rank, uniform=uniform)
         components["lambda"] = lam
         return loss, components
+
+    def _uniformity(self, impl, x: torch.Tensor) -> torch.Tensor:
+        """L_uniform of the rows x [n, d] (normalised first when ``uniform_normalize``): 0-dim."""
+        if self.uniform_normalize:
+            x = F.normalize(x, dim=1, eps=NORM_EPS)
+        return impl.pairwise_uniformity(x, self.uniform_t)
 
     @classmethod
     def from_preset(cls, name: str, known: KnownPositives, dim: int, **overrides) -> "PNNLoss":
@@ -174,6 +202,13 @@ class PNNLoss(nn.Module):
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, alpha={self.alpha}, beta={self.beta}, neg_size={self.neg_size!r}, "
                 f"lambda_mode={self.lambda_mode!r}, backend={self.backend!r}")
+
+
+def first_rows(ids: torch.Tensor) -> torch.Tensor:
+    """int64 [n]: for each distinct value of ids [B], in ascending order, the first row holding it."""
+    distinct, inverse = torch.unique(ids, return_inverse=True)
+    rows = torch.arange(ids.numel(), device=ids.device)
+    return torch.full_like(distinct, ids.numel()).scatter_reduce_(0, inverse, rows, "amin")
 
 
 def _check_bpr_ids(ref_name: str, ref: torch.Tensor, item_table: torch.Tensor, batch: int, pos_items: torch.Tensor,

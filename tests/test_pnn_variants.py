@@ -68,3 +68,54 @@ def test_the_pnn_objective_takes_a_preset_alone():
     assert torch.isfinite(out.loss)
     with pytest.raises(ValueError, match=r"sets every argument but backend; drop \['beta'\]"):
         build_objective("pnn", known, model, preset="paper", beta=0.1)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_lambda_range_maps_the_attention_into_its_bounds(backend):
+    """lambda = low + (high - low) * attention: the same attention weights with and without a range."""
+    known, users, pos, user_emb, item_table, noise = problem(seed=3)
+    free = PNNLoss(known, 6, backend=backend).double()
+    bounded = PNNLoss(known, 6, lambda_range=(0.05, 0.3), backend=backend).double()
+    bounded.attention.load_state_dict(free.attention.state_dict())
+    torch.manual_seed(1)  # the attention's history draw
+    _, want = free(user_emb, item_table, users, pos, noise=noise, return_components=True)
+    torch.manual_seed(1)
+    loss, got = bounded(user_emb, item_table, users, pos, noise=noise, return_components=True)
+    torch.testing.assert_close(got["lambda"], 0.05 + 0.25 * want["lambda"], rtol=1e-12, atol=0)
+    assert got["lambda"].min() >= 0.05 and got["lambda"].max() <= 0.3
+    rows = torch.where(got["valid"], (1 - got["lambda"]) * got["bpr"] + got["lambda"] * (
+        0.8 * got["constrain"] + 0.6 * got["uniform"] + got["rank"]), torch.zeros_like(got["bpr"]))
+    torch.testing.assert_close(loss, rows.sum() / got["valid"].sum(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_uniformity_over_users_and_items_is_the_mean_of_both(backend):
+    """DirectAU's uniformity: the mean of L_uniform over the distinct candidate items and over the
+    distinct users of the batch (each user's row once, normalised like the items')."""
+    from pnn_fast.backends import reference
+    import torch.nn.functional as F
+
+    known, users, pos, user_emb, item_table, noise = problem(seed=5)
+    user_emb = torch.randn(12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))[users]
+    loss_fn = PNNLoss(known, 6, uniform_over="users_and_items", lambda_mode="fixed", backend=backend).double()
+    _, got = loss_fn(user_emb, item_table, users, pos, noise=noise, return_components=True)
+    items = F.normalize(item_table[torch.unique(pos)], dim=1, eps=1e-12)
+    distinct_users = F.normalize(user_emb[[users.tolist().index(u) for u in torch.unique(users).tolist()]], dim=1)
+    want = (reference.pairwise_uniformity(items, 2.0) + reference.pairwise_uniformity(distinct_users, 2.0)) / 2
+    torch.testing.assert_close(got["uniform"], want, rtol=1e-10, atol=1e-12)
+    items_only = PNNLoss(known, 6, lambda_mode="fixed", backend=backend).double()
+    _, plain = items_only(user_emb, item_table, users, pos, noise=noise, return_components=True)
+    assert not torch.allclose(plain["uniform"], got["uniform"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"lambda_range": (0.3, 0.1)}, "lambda_range must have low < high"),
+    ({"lambda_range": (0.1, 1.5)}, r"lambda_range high must be a finite number in \[0, 1\]"),
+    ({"lambda_range": (float("nan"), 0.5)}, "lambda_range low must be a finite number"),
+    ({"lambda_range": 0.3}, r"lambda_range must be a pair \(low, high\)"),
+    ({"lambda_range": (0.1, 0.3), "lambda_mode": "fixed"}, "lambda_range bounds the attention's lambda"),
+    ({"uniform_over": "users"}, "uniform_over must be 'items' or 'users_and_items'"),
+])
+def test_bad_lambda_range_and_uniform_over_name_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PNNLoss(problem()[0], 6, **kwargs)
