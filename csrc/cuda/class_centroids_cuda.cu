@@ -5,6 +5,7 @@
 // classifies one candidate, then each thread adds the chunk's members along its own dims.
 // Backward: the same classification recomputed from (threshold, cutoff), then each member's
 // per-member gradient is scattered with atomics, threads spread over (candidate, dim) pairs.
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
@@ -149,6 +150,8 @@ at::Tensor class_centroids_bwd_cuda(const at::Tensor& grad_neutral, const at::Te
                                     const at::Tensor& known_indptr, const at::Tensor& known_indices,
                                     const at::Tensor& threshold, const at::Tensor& cutoff,
                                     const at::Tensor& num_neutral, const at::Tensor& num_negative) {
+  // float atomicAdds onto the candidates' rows, in an order that varies from run to run
+  at::globalContext().alertNotDeterministic(kBwd);
   const RowInputs in =
       prepare_row_inputs(kBwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
   check_id_ranges(kBwd, in);

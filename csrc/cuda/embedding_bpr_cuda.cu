@@ -2,6 +2,7 @@
 // (the scores are the same sequential chains as on the CPU), one thread per (row, column) for the
 // scatter into the table gradients.  The scatter uses atomicAdd into accumulation-dtype buffers, so,
 // as torch's index_add on CUDA, the order of the additions (the last bits of a gradient) may vary.
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -88,6 +89,7 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cuda(const at::Tensor& grad
                                                           const at::Tensor& pos_items, const at::Tensor& neg_items,
                                                           double reg_weight) {
   constexpr const char* op = "pnn_fast::embedding_bpr_bwd";
+  at::globalContext().alertNotDeterministic(op);  // float atomicAdds into the tables' gradients
   const EmbeddingBprInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items, reg_weight);
   const c10::cuda::CUDAGuard guard(user_table.device());
   const at::Tensor g = scalar_grad(op, in.user_table, grad).contiguous();

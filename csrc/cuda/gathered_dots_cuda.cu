@@ -1,5 +1,6 @@
 // pnn_fast::gathered_dots_fwd / _bwd on CUDA: one thread per (b, k) dot product; the backward takes
 // one thread per (b, i) and adds the table's share with atomicAdd.
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -56,6 +57,7 @@ at::Tensor gathered_dots_fwd_cuda(const at::Tensor& rows, const at::Tensor& tabl
 std::tuple<at::Tensor, at::Tensor> gathered_dots_bwd_cuda(const at::Tensor& grad, const at::Tensor& rows,
                                                           const at::Tensor& table, const at::Tensor& ids) {
   constexpr const char* op = "pnn_fast::gathered_dots_bwd";
+  at::globalContext().alertNotDeterministic(op);  // float atomicAdds into the table's gradient
   check_gathered_dots(op, rows, table, ids);
   const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids.contiguous();
   check_tensor(op, R, grad, "grad", R.scalar_type(), {R.size(0), id.size(1)}, "rows");

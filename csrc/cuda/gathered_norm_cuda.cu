@@ -1,5 +1,6 @@
 // pnn_fast::gathered_norm_fwd / _bwd on CUDA: squared rows per thread, then one reduction; the
 // backward scatters with atomicAdd (order of additions may vary, as torch's index_add on CUDA).
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -49,6 +50,7 @@ at::Tensor gathered_norm_fwd_cuda(const at::Tensor& table, const at::Tensor& ids
 at::Tensor gathered_norm_bwd_cuda(const at::Tensor& grad, const at::Tensor& table, const at::Tensor& ids,
                                   const at::Tensor& output) {
   constexpr const char* op = "pnn_fast::gathered_norm_bwd";
+  at::globalContext().alertNotDeterministic(op);  // float atomicAdds where ids repeat
   check_gathered_norm(op, table, ids);
   const c10::cuda::CUDAGuard guard(table.device());
   const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
