@@ -91,7 +91,7 @@ assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no G
   run linkage 60 bash -c linkage
   run tests-cuda 300 "$PYTHON" -m pytest -q -p no:cacheprovider -p xdist -n 4 --max-worker-restart 50 -rfE \
     tests/ops tests/test_backends.py tests/test_losses.py tests/test_attention.py tests/test_property_parity.py \
-    tests/test_ids_checked_before_launch.py -k cuda
+    tests/test_ids_checked_before_launch.py tests/test_deterministic_algorithms.py -k cuda
   run smoke-and-compile 180 "$PYTHON" bench/gpu_smoke.py --device cuda --compile
   run memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
   run bench-pnn-loss 180 "$PYTHON" bench/bench_pnn_loss.py --devices cuda --batches 2048 8192 \
