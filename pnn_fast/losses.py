@@ -208,7 +208,8 @@ def first_rows(ids: torch.Tensor) -> torch.Tensor:
     """int64 [n]: for each distinct value of ids [B], in ascending order, the first row holding it."""
     distinct, inverse = torch.unique(ids, return_inverse=True)
     rows = torch.arange(ids.numel(), device=ids.device)
-    return torch.full_like(distinct, ids.numel()).scatter_reduce_(0, inverse, rows, "amin")
+    first = torch.full(distinct.shape, ids.numel(), dtype=torch.long, device=ids.device)
+    return first.scatter_reduce_(0, inverse, rows, "amin")
 
 
 def _check_bpr_ids(ref_name: str, ref: torch.Tensor, item_table: torch.Tensor, batch: int, pos_items: torch.Tensor,

@@ -82,7 +82,7 @@ inline RowInputs prepare_row_inputs(const char* op, const at::Tensor& user_emb, 
   return in;
 }
 
-// False while `t`'s CUDA stream is capturing a CUDA graph (csrc/pnn_fast.cpp): a read-back would
+// False while `t`'s CUDA stream is capturing a CUDA graph (checks.cpp): a read-back would
 // end the capture with an error, and a replayed graph runs no host code at all.  The value checks
 // below then do not run: they run on eager calls, and on the warm-up call that torch.compile's
 // CUDA graphs (mode="reduce-overhead") make before capturing.
