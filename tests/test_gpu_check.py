@@ -4,8 +4,10 @@ exercised on the scarce GPU."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -32,3 +34,42 @@ def test_gpu_check_rejects_an_unknown_argument(tmp_path):
                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "unknown argument '--bogus'" in run.stderr
     assert not (tmp_path / "gpu_check.md").exists()
+
+
+def test_gpu_study_stops_at_its_deadline_and_its_tar_resumes(tmp_path):
+    """bench/gpu_study.sh on the CPU (the plan's device): a study far longer than its deadline is
+    stopped with its cell's checkpoint in the tar, and a second call given that tar resumes the cell
+    after the epoch the first one reached."""
+    plan = tmp_path / "long.toml"
+    plan.write_text('[study]\nname = "long"\nseeds = [1]\nbaselines = []\nepochs = 500\npatience = 500\n'
+                    '[[datasets]]\nname = "synthetic"\npath = "synthetic"\n'
+                    '[[models]]\nname = "mf"\n[[configs]]\nname = "bpr"\n')
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    first = tmp_path / "first"
+    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), str(plan), "*", "15"], cwd=ROOT,
+                         env={**env, "OUT": str(first), "STUDY_FOLDER": str(tmp_path / "a" / "long")},
+                         capture_output=True, text=True, timeout=300)
+    log = (first / "study.log").read_text()
+    assert run.returncode == 0 and "stopping the study at its deadline" in log, run.stderr + log
+    with tarfile.open(first / "long.tar") as packed:
+        names = packed.getnames()
+    assert "long/cells/synthetic/mf/bpr/seed1/checkpoint.pt" in names, names
+    assert not any(name.endswith("results.json") for name in names)
+
+    second = tmp_path / "second"
+    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), str(plan), "*", "10"], cwd=ROOT,
+                         env={**env, "OUT": str(second), "STUDY_FOLDER": str(tmp_path / "b" / "long"),
+                              "RESUME_TAR": str(first / "long.tar")},
+                         capture_output=True, text=True, timeout=300)
+    log = (second / "study.log").read_text()
+    assert "unpacked the cells of" in run.stderr, run.stderr
+    resumed = re.search(r"resumed from \S+checkpoint\.pt after epoch (\d+)", log)
+    assert resumed and int(resumed.group(1)) >= 1, log
+
+
+def test_gpu_study_rejects_bad_arguments(tmp_path):
+    for args, message in ((["studies/example.toml"], "usage: gpu_study.sh PLAN PATTERN [SECONDS]"),
+                          (["studies/example.toml", "*", "0"], "SECONDS must be a positive integer, got '0'")):
+        run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), *args], cwd=ROOT,
+                             env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and message in run.stderr, run.stderr
