@@ -6,7 +6,9 @@ Targets (asserted by ``test_speed_targets`` from the medians measured in the sam
   (RecBole's own data loader and negative sampler included: they are part of its epoch);
 * our full-ranking evaluation of all validation users >= 5x faster than RecBole's full-sort
   ``trainer.evaluate(valid_data, load_best_model=False)``;
-* our PNN-MF epoch (backend "auto": the fused kernels where built) <= 1.5x our DNS-MF epoch.
+* our PNN-MF epoch (backend "auto": the fused kernels where built) <= 1.5x our DNS-MF epoch;
+* our LightGCN-BPR epoch >= 3x faster than RecBole's LightGCN ``Trainer._train_epoch`` (issue 12:
+  2 layers, RecBole's default reg_weight 1e-5 on both sides, the rest as for BPR-MF).
 
 Both sides get the same split (the LightGCN files of ``../shared/data/ml-1m``, written as
 RecBole atomic files ``ml1m.{train,valid,test}.inter``), batch size 2048, embedding size 64,
@@ -40,7 +42,7 @@ torch = pytest.importorskip("torch")
 from recbole.config import Config
 from recbole.data import create_dataset, data_preparation
 from recbole.data.dataloader import FullSortEvalDataLoader
-from recbole.model.general_recommender import BPR
+from recbole.model.general_recommender import BPR, LightGCN
 from recbole.trainer import Trainer as RecBoleTrainer
 from recbole.utils import init_seed
 
@@ -58,6 +60,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 BATCH, DIM, LR, SEED = 2048, 64, 1e-3, 2020
 EVAL_USERS_PER_BATCH = 1024  # ours: TrainConfig.eval_batch_size; RecBole: as many users per batch
 KS = (10, 20)
+LIGHTGCN_REG = 1e-5  # RecBole's LightGCN.yaml reg_weight, on both sides
 METRIC_TOL = 1e-6
 
 # Medians (seconds) of this run's benchmarks, for test_speed_targets.
@@ -88,13 +91,13 @@ def data():
     return load_dataset(DATA)
 
 
-def _ours(data, loss: str, tmp: Path, reg_weight: float = 1e-4, **loss_args) -> Trainer:
+def _ours(data, loss: str, tmp: Path, reg_weight: float = 1e-4, model: str = "mf", **loss_args) -> Trainer:
     """Our trainer with its defaults (incl. reg_weight 1e-4, backend "auto"; DNS: M = 8 uniform candidates;
     PNN: in-batch candidates, the paper's scheme), and the shared knobs set explicitly."""
-    cfg = TrainConfig(model="mf", loss=loss, dim=DIM, batch_size=BATCH, lr=LR, seed=SEED, device="cpu",
+    cfg = TrainConfig(model=model, loss=loss, dim=DIM, batch_size=BATCH, lr=LR, seed=SEED, device="cpu",
                       ks=KS, eval_batch_size=EVAL_USERS_PER_BATCH, reg_weight=reg_weight,
                       loss_args={**({"candidates": 8} if loss == "dns" else {}), **loss_args})
-    return Trainer(data, cfg, tmp / f"ours-{loss}-{reg_weight}")
+    return Trainer(data, cfg, tmp / f"ours-{model}-{loss}-{reg_weight}")
 
 
 def _write_atomic(path: Path, split) -> None:
@@ -104,14 +107,13 @@ def _write_atomic(path: Path, split) -> None:
         f.writelines(f"{u}\t{i}\n" for u, i in zip(users, items))
 
 
-@pytest.fixture(scope="module")
-def recbole(data, tmp_path_factory):
-    """RecBole's dataset, loaders, BPR model and trainer on our split (ids written as tokens "0", "1", ...)."""
-    tmp = tmp_path_factory.mktemp("recbole")
-    (tmp / "ml1m").mkdir()
-    for name in ("train", "valid", "test"):
-        _write_atomic(tmp / "ml1m" / f"ml1m.{name}.inter", getattr(data, name))
-    config = Config(model="BPR", dataset="ml1m", config_dict={
+def _recbole_config(data, tmp: Path, model: str, **extra) -> Config:
+    """RecBole's config for ``model`` on our split, written under tmp (ids as tokens "0", "1", ...)."""
+    if not (tmp / "ml1m").exists():
+        (tmp / "ml1m").mkdir()
+        for name in ("train", "valid", "test"):
+            _write_atomic(tmp / "ml1m" / f"ml1m.{name}.inter", getattr(data, name))
+    return Config(model=model, dataset="ml1m", config_dict={
         "data_path": str(tmp), "benchmark_filename": ["train", "valid", "test"],
         "load_col": {"inter": ["user_id", "item_id"]}, "USER_ID_FIELD": "user_id", "ITEM_ID_FIELD": "item_id",
         "embedding_size": DIM, "train_batch_size": BATCH, "learner": "adam", "learning_rate": LR,
@@ -123,8 +125,15 @@ def recbole(data, tmp_path_factory):
         # item_num counts RecBole's padding item 0
         "eval_batch_size": EVAL_USERS_PER_BATCH * (data.num_items + 1),
         "gpu_id": "", "use_gpu": False, "worker": 0, "seed": SEED, "reproducibility": True,
-        "show_progress": False, "checkpoint_dir": str(tmp / "saved"), "log_wandb": False,
+        "show_progress": False, "checkpoint_dir": str(tmp / "saved"), "log_wandb": False, **extra,
     })
+
+
+@pytest.fixture(scope="module")
+def recbole(data, tmp_path_factory):
+    """RecBole's dataset, loaders, BPR model and trainer on our split."""
+    tmp = tmp_path_factory.mktemp("recbole")
+    config = _recbole_config(data, tmp, "BPR")
     init_seed(config["seed"], config["reproducibility"])
     cwd = os.getcwd()
     os.chdir(tmp)  # RecBole's trainer opens a tensorboard writer under ./log_tensorboard
@@ -145,6 +154,24 @@ def recbole(data, tmp_path_factory):
     return SimpleNamespace(config=config, dataset=dataset, train=train_data, valid=valid_data, test=test_data,
                            valid_default=valid_default, model=model, trainer=trainer, user_map=user_map,
                            item_map=item_map, epoch=0)
+
+
+@pytest.fixture(scope="module")
+def recbole_lightgcn(data, tmp_path_factory):
+    """RecBole's LightGCN (2 layers, its default reg_weight 1e-5) and trainer on our split."""
+    tmp = tmp_path_factory.mktemp("recbole-lightgcn")
+    config = _recbole_config(data, tmp, "LightGCN", n_layers=2, reg_weight=LIGHTGCN_REG)
+    init_seed(config["seed"], config["reproducibility"])
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        dataset = create_dataset(config)
+        train_data, _, _ = data_preparation(config, dataset)
+        model = LightGCN(config, train_data.dataset).to(config["device"])
+        trainer = RecBoleTrainer(config, model)
+    finally:
+        os.chdir(cwd)
+    return SimpleNamespace(train=train_data, trainer=trainer, epoch=0)
 
 
 # ---- correctness, before any timing ------------------------------------------------------
@@ -221,6 +248,32 @@ def test_bpr_epoch_ours_with_l2(benchmark, data, tmp_path):
                                    "bpr-epoch"))
 
 
+def test_lightgcn_first_epoch_losses(data, recbole_lightgcn, tmp_path):
+    """Before timing: the same LightGCN-BPR objective on both sides gives first epochs of the same size."""
+    ours = _ours(data, "bpr", tmp_path, reg_weight=LIGHTGCN_REG, model="lightgcn").train_epoch(progress=False)
+    theirs = recbole_lightgcn.trainer._train_epoch(recbole_lightgcn.train, recbole_lightgcn.epoch, show_progress=False)
+    recbole_lightgcn.epoch += 1
+    theirs /= len(recbole_lightgcn.train)
+    NOTES["lightgcn first-epoch loss"] = f"ours {ours:.4f}, RecBole {theirs:.4f} (BPR + 1e-5 EmbLoss)"
+    assert 0 < ours < math.log(2) + 0.01 and 0 < theirs < math.log(2) + 0.01
+    assert abs(ours - theirs) < 0.05, NOTES["lightgcn first-epoch loss"]
+
+
+def test_lightgcn_epoch_recbole(benchmark, recbole_lightgcn):
+    def epoch():
+        loss = recbole_lightgcn.trainer._train_epoch(recbole_lightgcn.train, recbole_lightgcn.epoch, show_progress=False)
+        recbole_lightgcn.epoch += 1
+        return loss
+
+    assert math.isfinite(_pedantic(benchmark, "recbole lightgcn epoch", epoch, "lightgcn-epoch"))
+
+
+def test_lightgcn_epoch_ours(benchmark, data, tmp_path):
+    trainer = _ours(data, "bpr", tmp_path, reg_weight=LIGHTGCN_REG, model="lightgcn")
+    assert math.isfinite(_pedantic(benchmark, "ours lightgcn epoch", lambda: trainer.train_epoch(progress=False),
+                                   "lightgcn-epoch"))
+
+
 def test_eval_recbole(benchmark, recbole):
     run = lambda: recbole.trainer.evaluate(recbole.valid, load_best_model=False, show_progress=False)
     assert 0 <= _pedantic(benchmark, "recbole eval", run, "full-sort-eval")["ndcg@10"] <= 1
@@ -266,6 +319,8 @@ def test_speed_targets(capsys):
     epoch_speedup = MEDIANS["recbole bpr epoch"] / MEDIANS["ours bpr epoch"]
     eval_speedup = MEDIANS["recbole eval"] / MEDIANS["ours eval"]
     pnn_over_dns = MEDIANS["ours pnn epoch"] / MEDIANS["ours dns epoch"]
+    lightgcn_speedup = (MEDIANS["recbole lightgcn epoch"] / MEDIANS["ours lightgcn epoch"]
+                        if {"recbole lightgcn epoch", "ours lightgcn epoch"} <= set(MEDIANS) else None)
     lines = [(f"ML-1M, CPU, torch {torch.__version__}, {THREADS} thread(s), {ROUNDS} rounds (median), "
               f"load average now {os.getloadavg()[0]:.1f}, kernels compiled: {build_info()['compiled']}"),
              *(f"  {k:<28} {MEDIANS[k]:8.3f} s   (load {LOADS[k][0]:.1f} -> {LOADS[k][1]:.1f})"
@@ -277,9 +332,12 @@ def test_speed_targets(capsys):
                  f"RecBole with its default eval_batch_size={RECBOLE_DEFAULT_EVAL_BATCH} (informational)")]
                if "recbole eval, default batch" in MEDIANS else []),
              f"  PNN/DNS epoch: {pnn_over_dns:.2f} (target <= 1.5)",
+             *([f"  LightGCN epoch: speed-up of ours over RecBole {lightgcn_speedup:.2f}x (target >= 3)"]
+               if lightgcn_speedup is not None else []),
              *(f"  {k}: {v}" for k, v in NOTES.items())]
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     assert epoch_speedup >= 5, lines
     assert eval_speedup >= 5, lines
     assert pnn_over_dns <= 1.5, lines
+    assert lightgcn_speedup is None or lightgcn_speedup >= 3, lines
