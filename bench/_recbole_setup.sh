@@ -46,6 +46,6 @@ PYTHONPATH=$ROOT "$VENV/bin/python" -W ignore -c '
 import numpy, torch, recbole, pnn_fast
 from recbole.config import Config  # noqa: F401  (fails on numpy 2)
 from scipy.sparse import dok_matrix
-dok_matrix((1, 1))._update  # RecBole LightGCN's adjacency needs it; scipy 1.13 removed it (hence scipy<1.13)
+dok_matrix((1, 1))._update  # used by the adjacency of RecBole LightGCN; removed in scipy 1.13 (hence the pin)
 print("recbole", recbole.__version__, "torch", torch.__version__, "numpy", numpy.__version__,
       "pnn_fast kernels compiled:", pnn_fast.build_info()["compiled"])'
