@@ -21,9 +21,11 @@ Per batch of B (user, positive) pairs with K uniform unknown candidates per row 
 Defaults are their yaml's: a = 0.8 and b = 0.1 as alpha and beta (the code reads ``alpha`` and
 ``beta``, which the yaml does not set, so it does not run as committed), gamma 0.1, history 20,
 8 candidates.  Two things follow this library rather than their RecBole setup: the history is the
-first ``history_len`` of the user's known items in ascending item id (RecBole keeps the first in
-the dataset's row order), and the L2 term is the trainer's (its EmbLoss covers the K candidates,
-as theirs does, at the trainer's weight rather than their 1e-5).
+first ``history_len`` of the user's known items in ascending item id (RecBole's
+``history_item_matrix`` fills it in the dataset's row order), and the L2 term is the trainer's (its
+EmbLoss covers the K candidates, as theirs does, at the trainer's weight rather than their 1e-5).
+Padding: theirs masks the history slots whose embedding sums to zero (item 0's row, zeroed at
+init); here the mask comes from each user's count of known items.
 """
 from __future__ import annotations
 
