@@ -28,6 +28,7 @@ oversubscribe the cores and the timings of both sides become mostly spin-wait no
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -129,15 +130,33 @@ def _recbole_config(data, tmp: Path, model: str, **extra) -> Config:
     })
 
 
+@contextlib.contextmanager
+def _inside(folder: Path):
+    """Run with ``folder`` as the working directory: RecBole's trainer opens a tensorboard writer
+    under ./log_tensorboard."""
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def _recbole_epoch(side: SimpleNamespace) -> float:
+    """One RecBole training epoch of a fixture's trainer (the sum of its batch means), advancing
+    the fixture's epoch counter."""
+    loss = side.trainer._train_epoch(side.train, side.epoch, show_progress=False)
+    side.epoch += 1
+    return loss
+
+
 @pytest.fixture(scope="module")
 def recbole(data, tmp_path_factory):
     """RecBole's dataset, loaders, BPR model and trainer on our split."""
     tmp = tmp_path_factory.mktemp("recbole")
     config = _recbole_config(data, tmp, "BPR")
     init_seed(config["seed"], config["reproducibility"])
-    cwd = os.getcwd()
-    os.chdir(tmp)  # RecBole's trainer opens a tensorboard writer under ./log_tensorboard
-    try:
+    with _inside(tmp):
         dataset = create_dataset(config)
         train_data, valid_data, test_data = data_preparation(config, dataset)
         model = BPR(config, train_data.dataset).to(config["device"])
@@ -146,8 +165,6 @@ def recbole(data, tmp_path_factory):
         config["eval_batch_size"] = RECBOLE_DEFAULT_EVAL_BATCH
         valid_default = FullSortEvalDataLoader(config, valid_data._dataset, valid_data._sampler, shuffle=False)
         config["eval_batch_size"] = EVAL_USERS_PER_BATCH * (data.num_items + 1)
-    finally:
-        os.chdir(cwd)
     tokens = dataset.field2token_id
     user_map = torch.tensor([tokens["user_id"][str(u)] for u in range(data.num_users)])
     item_map = torch.tensor([tokens["item_id"][str(i)] for i in range(data.num_items)])
@@ -162,15 +179,9 @@ def recbole_lightgcn(data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recbole-lightgcn")
     config = _recbole_config(data, tmp, "LightGCN", n_layers=2, reg_weight=LIGHTGCN_REG)
     init_seed(config["seed"], config["reproducibility"])
-    cwd = os.getcwd()
-    os.chdir(tmp)
-    try:
-        dataset = create_dataset(config)
-        train_data, _, _ = data_preparation(config, dataset)
-        model = LightGCN(config, train_data.dataset).to(config["device"])
-        trainer = RecBoleTrainer(config, model)
-    finally:
-        os.chdir(cwd)
+    with _inside(tmp):
+        train_data, _, _ = data_preparation(config, create_dataset(config))
+        trainer = RecBoleTrainer(config, LightGCN(config, train_data.dataset).to(config["device"]))
     return SimpleNamespace(train=train_data, trainer=trainer, epoch=0)
 
 
@@ -190,9 +201,7 @@ def test_same_split(data, recbole):
 
 def test_first_epoch_losses(data, recbole, tmp_path):
     ours = _ours(data, "bpr", tmp_path).train_epoch(progress=False)
-    theirs = recbole.trainer._train_epoch(recbole.train, recbole.epoch, show_progress=False)
-    recbole.epoch += 1
-    theirs /= len(recbole.train)  # RecBole returns the sum of the batch means
+    theirs = _recbole_epoch(recbole) / len(recbole.train)  # RecBole returns the sum of the batch means
     NOTES["first-epoch loss"] = f"ours {ours:.4f} (BPR + 1e-4 EmbLoss), RecBole {theirs:.4f} (BPR)"
     assert math.isfinite(ours) and math.isfinite(theirs)
     # Same objective (up to our small L2 term), same init scheme, same optimiser: similar first epochs.
@@ -226,12 +235,7 @@ def test_metrics_agree_with_recbole(data, recbole, tmp_path):
 # ---- timings --------------------------------------------------------------------------------
 
 def test_bpr_epoch_recbole(benchmark, recbole):
-    def epoch():
-        loss = recbole.trainer._train_epoch(recbole.train, recbole.epoch, show_progress=False)
-        recbole.epoch += 1
-        return loss
-
-    assert math.isfinite(_pedantic(benchmark, "recbole bpr epoch", epoch, "bpr-epoch"))
+    assert math.isfinite(_pedantic(benchmark, "recbole bpr epoch", lambda: _recbole_epoch(recbole), "bpr-epoch"))
 
 
 def test_bpr_epoch_ours(benchmark, data, tmp_path):
@@ -251,21 +255,15 @@ def test_bpr_epoch_ours_with_l2(benchmark, data, tmp_path):
 def test_lightgcn_first_epoch_losses(data, recbole_lightgcn, tmp_path):
     """Before timing: the same LightGCN-BPR objective on both sides gives first epochs of the same size."""
     ours = _ours(data, "bpr", tmp_path, reg_weight=LIGHTGCN_REG, model="lightgcn").train_epoch(progress=False)
-    theirs = recbole_lightgcn.trainer._train_epoch(recbole_lightgcn.train, recbole_lightgcn.epoch, show_progress=False)
-    recbole_lightgcn.epoch += 1
-    theirs /= len(recbole_lightgcn.train)
+    theirs = _recbole_epoch(recbole_lightgcn) / len(recbole_lightgcn.train)
     NOTES["lightgcn first-epoch loss"] = f"ours {ours:.4f}, RecBole {theirs:.4f} (BPR + 1e-5 EmbLoss)"
     assert 0 < ours < math.log(2) + 0.01 and 0 < theirs < math.log(2) + 0.01
     assert abs(ours - theirs) < 0.05, NOTES["lightgcn first-epoch loss"]
 
 
 def test_lightgcn_epoch_recbole(benchmark, recbole_lightgcn):
-    def epoch():
-        loss = recbole_lightgcn.trainer._train_epoch(recbole_lightgcn.train, recbole_lightgcn.epoch, show_progress=False)
-        recbole_lightgcn.epoch += 1
-        return loss
-
-    assert math.isfinite(_pedantic(benchmark, "recbole lightgcn epoch", epoch, "lightgcn-epoch"))
+    assert math.isfinite(_pedantic(benchmark, "recbole lightgcn epoch", lambda: _recbole_epoch(recbole_lightgcn),
+                                   "lightgcn-epoch"))
 
 
 def test_lightgcn_epoch_ours(benchmark, data, tmp_path):

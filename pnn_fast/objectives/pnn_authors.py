@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_real
+from .._checks import check_int, check_real
 from ..backends.rows import gather_rows
 from ..known import KnownPositives
 from ..sampling import sample_unknown
@@ -128,18 +128,16 @@ class AuthorsPNNObjective(Objective):
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
         a = self.args
-        for name in ("candidates", "history_len"):
-            if not isinstance(a[name], int) or isinstance(a[name], bool) or a[name] < 1:
-                raise ValueError(f"pnn-authors: {name} must be an int >= 1, got {a[name]!r}")
+        self.candidates = check_int("pnn-authors: candidates", a["candidates"], 1)
+        self.history_len = check_int("pnn-authors: history_len", a["history_len"], 1)
         self.alpha, self.beta = check_real("pnn-authors: alpha", a["alpha"]), check_real("pnn-authors: beta", a["beta"])
         self.attention = AuthorsAttention(model.dim, check_real("pnn-authors: gamma", a["gamma"], high=1.0))
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
         user_emb = gather_rows(user_table, users)
-        known = self.known.to(users.device)
-        candidates = sample_unknown(known, users, self.args["candidates"], generator)
-        history, valid = first_known(known, users, self.args["history_len"])
+        candidates = sample_unknown(self.known, users, self.candidates, generator)
+        history, valid = first_known(self.known, users, self.history_len)
         lam = self.attention(user_emb, item_table[history], valid)
         noise = tuple(F.normalize(torch.rand(users.numel(), 1, user_emb.shape[1], generator=generator,
                                              device=users.device, dtype=user_emb.dtype), dim=-1) * 0.1
