@@ -40,13 +40,13 @@ def test_gpu_study_stops_at_its_deadline_and_its_tar_resumes(tmp_path):
     """bench/gpu_study.sh on the CPU (the plan's device): a study far longer than its deadline is
     stopped with its cell's checkpoint in the tar, and a second call given that tar resumes the cell
     after the epoch the first one reached."""
-    plan = tmp_path / "long.toml"
-    plan.write_text('[study]\nname = "long"\nseeds = [1]\nbaselines = []\nepochs = 500\npatience = 500\n'
+    plan = tmp_path / "long.toml"  # 100,000 epochs: an idle machine trains about 40 a second
+    plan.write_text('[study]\nname = "long"\nseeds = [1]\nbaselines = []\nepochs = 100000\npatience = 100000\n'
                     '[[datasets]]\nname = "synthetic"\npath = "synthetic"\n'
                     '[[models]]\nname = "mf"\n[[configs]]\nname = "bpr"\n')
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     first = tmp_path / "first"
-    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), str(plan), "*", "15"], cwd=ROOT,
+    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), str(plan), "*", "30"], cwd=ROOT,
                          env={**env, "OUT": str(first), "STUDY_FOLDER": str(tmp_path / "a" / "long")},
                          capture_output=True, text=True, timeout=300)
     log = (first / "study.log").read_text()
@@ -57,7 +57,7 @@ def test_gpu_study_stops_at_its_deadline_and_its_tar_resumes(tmp_path):
     assert not any(name.endswith("results.json") for name in names)
 
     second = tmp_path / "second"
-    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), str(plan), "*", "10"], cwd=ROOT,
+    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), str(plan), "*", "25"], cwd=ROOT,
                          env={**env, "OUT": str(second), "STUDY_FOLDER": str(tmp_path / "b" / "long"),
                               "RESUME_TAR": str(first / "long.tar")},
                          capture_output=True, text=True, timeout=300)
