@@ -64,7 +64,7 @@ def problems(device: str) -> dict:
 
 
 def row_ops(batch: dict) -> None:
-    """count_unlabeled, hard_negative_argmax, class_centroids (fwd + bwd) on one problem."""
+    """count_unlabeled, hard_negative_argmax, class_centroids and class_terms (fwd + bwd) on one problem."""
     args = (batch["user_emb"], batch["item_table"], batch["users"], batch["pos_items"], batch["candidates"],
             batch["known"])
     count = ops.count_unlabeled(*args)
@@ -93,6 +93,16 @@ def row_ops(batch: dict) -> None:
     close("class_centroids (neutral)", neutral, want_neutral)
     close("class_centroids (negative)", negative, want_negative)
     close("class_centroids (backward)", item_table.grad, table.grad)
+
+    # class_terms on those centroids, values and the four gradients
+    results = []
+    for terms in (ops.class_terms, reference.class_terms):
+        leaves = [x.detach().clone().requires_grad_() for x in
+                  (batch["user_emb"], batch["item_table"][batch["pos_items"]], want_neutral, want_negative)]
+        rank, constrain = terms(*leaves, batch["noise_pos"], batch["noise_neg"], mask.any(1), negative_mask.sum(1))
+        (rank.sum() + 3 * constrain.sum()).backward()
+        results.append((rank.detach(), constrain.detach(), *(leaf.grad for leaf in leaves)))
+    close("class_terms (values and gradients)", results[0], results[1], rtol=1e-5, atol=1e-5)
 
 
 def table_ops(device: str) -> None:
@@ -180,8 +190,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--compile", action="store_true", help="also torch.compile(PNNLoss) against eager")
     args = parser.parse_args()
-    called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "embedding_bpr", "gathered_dots",
-              "gathered_norm", "pairwise_uniformity", "unknown_items", "history_sample", "masked_topk"}
+    called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "class_terms", "embedding_bpr",
+              "gathered_dots", "gathered_norm", "pairwise_uniformity", "unknown_items", "history_sample", "masked_topk"}
     missing = registered_ops(args.device) - called
     if missing:
         raise SystemExit(f"gpu_smoke: registered ops not exercised here: {sorted(missing)}; add them")

@@ -3,6 +3,7 @@
 // compiler (once per GPU architecture) once in all, not once per op.
 // tests/test_build.py checks that every op file is listed here.
 #include "cuda/class_centroids_cuda.cu"
+#include "cuda/class_terms_cuda.cu"
 #include "cuda/count_unlabeled_cuda.cu"
 #include "cuda/embedding_bpr_cuda.cu"
 #include "cuda/gathered_dots_cuda.cu"

@@ -43,6 +43,17 @@ TORCH_LIBRARY(pnn_fast, m) {
       "class_centroids_bwd(Tensor grad_neutral, Tensor grad_negative, Tensor user_emb, Tensor item_table, "
       "Tensor users, Tensor pos_items, Tensor candidates, Tensor known_indptr, Tensor known_indices, "
       "Tensor threshold, Tensor cutoff, Tensor num_neutral, Tensor num_negative) -> Tensor");
+  // (rank [B], constrain [B]) in user_emb's dtype: L_rank and L_constrain of each row from its class
+  // centroids (pnn_rows.h's class_terms_row): user_emb, pos_emb, neutral, negative, noise_pos and
+  // noise_neg float [B, d], valid bool [B] (|U_b| > 0), num_negative int64 [B]
+  m.def(
+      "class_terms_fwd(Tensor user_emb, Tensor pos_emb, Tensor neutral, Tensor negative, Tensor noise_pos, "
+      "Tensor noise_neg, Tensor valid, Tensor num_negative) -> (Tensor, Tensor)");
+  // (grad_user_emb, grad_pos_emb, grad_neutral, grad_negative) [B, d] given grad_rank and grad_constrain [B]
+  m.def(
+      "class_terms_bwd(Tensor grad_rank, Tensor grad_constrain, Tensor user_emb, Tensor pos_emb, Tensor neutral, "
+      "Tensor negative, Tensor noise_pos, Tensor noise_neg, Tensor valid, Tensor num_negative) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   // log mean_{i != j} exp(-t ||x_i - x_j||^2) of x [n, d]: a 0-dim tensor (0 when n < 2)
   m.def("pairwise_uniformity_fwd(Tensor x, float t) -> (Tensor, Tensor)");
   // grad_x [n, d] given the 0-dim grad and the forward's output

@@ -9,6 +9,8 @@ Sampling itself lives in :mod:`pnn_fast.sampling`.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .csr import CSR, check_pair_ids
@@ -62,6 +64,13 @@ class KnownPositives(CSR):
         if device == self.device:
             return self
         return KnownPositives(self.indptr.to(device), self.indices.to(device), self.num_users, self.num_items)
+
+    @functools.cached_property
+    def without_items(self) -> "KnownPositives":
+        """The same users and items with nothing known: for candidates already drawn from each user's
+        unknown items (:func:`pnn_fast.sampling.sample_unknown`), whose known-item lookups would all
+        come back negative, so an op given this instead skips them. Built once per object."""
+        return KnownPositives(torch.zeros_like(self.indptr), self.indices[:0], self.num_users, self.num_items)
 
     def count(self, users: torch.Tensor) -> torch.Tensor:
         """N_u for each user: int64 tensor shaped like ``users``."""

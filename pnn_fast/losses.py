@@ -139,6 +139,8 @@ class PNNLoss(nn.Module):
         validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise, self.validate,
                        hard_candidates=hard_candidates)
         known = self.known = self.known.to(user_emb.device)  # moved once, then cached
+        # candidates (and hard candidates) drawn here are unknown items by construction
+        drawn_here = neg_items is None and self.num_candidates is not None and hard_candidates is None
         if neg_items is None and self.num_candidates is not None:
             neg_items = sample_unknown(known, users, self.num_candidates, generator, self.backend)
         if hard_candidates is None and self.num_hard_candidates is not None:
@@ -150,10 +152,8 @@ class PNNLoss(nn.Module):
         if noise is None:
             noise = (torch.rand_like(user_emb) * self.noise_max, torch.rand_like(user_emb) * self.noise_max)
         terms = impl.pnn_row_terms(user_emb, item_table, users, pos_items, candidates, known,
-                                   self.neg_size, noise[0], noise[1])
-        if hard_candidates is not None:  # L_BPR against DNS's hard negative; the classes stay the candidates'
-            bpr, hard, _ = impl.hard_negative_bpr(user_emb, item_table, users, pos_items, hard_candidates, known)
-            terms = dict(terms, bpr=bpr, hard_negative=hard)
+                                   self.neg_size, noise[0], noise[1], hard_candidates=hard_candidates,
+                                   candidates_unknown=drawn_here)
 
         # L_uniform over the batch's distinct candidate items (and users); O(n^2 d), so skipped when its weight is 0
         if self.beta == 0 and not return_components:

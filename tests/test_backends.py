@@ -11,6 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from batches import DEVICES, TOLERANCE, make_batch, requires_kernels
 from pnn_fast import _extension, backends
 from pnn_fast.backends import reference
+from pnn_fast.sampling import sample_unknown
 
 if _extension.has_kernels("cpu"):
     from pnn_fast.backends import fused
@@ -158,6 +159,42 @@ def test_hard_negative_bpr_matches_reference(per_row, grid):
         outs[module] = (bpr, hard, num_unlabeled) + grads
     for got, want in zip(outs[fused], outs[reference]):
         torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
+
+
+@requires_kernels
+@pytest.mark.parametrize("hard", [False, True])
+def test_candidates_drawn_from_unknown_items_skip_the_lookups_and_change_nothing(hard):
+    """PNNLoss promises candidates_unknown for the candidates it draws itself (sample_unknown), and
+    the fused backend then looks up no known item: its terms and gradients must be bit-identical to
+    the looked-up ones, and match the reference (which always looks up)."""
+    batch = make_batch(300, 9, per_row=None, num_items=4000, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    batch["candidates"] = sample_unknown(batch["known"], batch["users"], 6, gen)
+    hard_candidates = sample_unknown(batch["known"], batch["users"], 5, gen) if hard else None
+    # draws are with replacement; a row holding one item twice has a tie that the reference's matmul
+    # may break either way (tests/batches.py), so those rows weigh nothing and are compared only here
+    def distinct(ids):
+        return ids.sort(dim=1).values.diff(dim=1).ne(0).all(dim=1)
+    kept = distinct(batch["candidates"]) & (distinct(hard_candidates) if hard else True)
+    assert kept.float().mean() > 0.9
+    weights = torch.rand(300, 3, dtype=torch.float64, generator=gen) * kept[:, None]
+    results = []
+    for module, promise in ((fused, True), (fused, False), (reference, True)):
+        user_emb = batch["user_emb"].clone().requires_grad_()
+        item_table = batch["item_table"].clone().requires_grad_()
+        terms = module.pnn_row_terms(user_emb, item_table, batch["users"], batch["pos_items"], batch["candidates"],
+                                     batch["known"], "proportional", batch["noise_pos"], batch["noise_neg"],
+                                     hard_candidates=hard_candidates, candidates_unknown=promise)
+        floats = torch.stack([terms["bpr"], terms["rank"], terms["constrain"]], dim=1)
+        results.append((terms, torch.autograd.grad((floats * weights).sum(), [user_emb, item_table])))
+    (promised, promised_grads), (looked_up, looked_up_grads), (want, want_grads) = results
+    for name, value in looked_up.items():
+        assert torch.equal(promised[name], value), name
+    assert all(torch.equal(a, b) for a, b in zip(promised_grads, looked_up_grads))
+    assert_terms_equal({name: value[kept] for name, value in promised.items()},
+                       {name: value[kept] for name, value in want.items()}, promised_grads, want_grads,
+                       **TOLERANCE[torch.float64])
+    assert (promised["num_negative"] + promised["num_neutral"] == 6).all()  # every drawn candidate is in U_b
 
 
 @requires_kernels

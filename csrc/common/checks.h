@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include <ATen/TensorOperators.h>
@@ -270,6 +271,42 @@ inline void check_gathered_dots(const char* op, const at::Tensor& rows, const at
   check_table(op, rows, "rows");
   check_tensor(op, rows, table, "table", rows.scalar_type(), {-1, rows.size(1)}, "rows");
   check_tensor(op, rows, ids, "ids", at::kLong, {rows.size(0), -1}, "rows");
+}
+
+// Contiguous, checked inputs of class_terms: float [B, d] user_emb, pos_emb, neutral, negative,
+// noise_pos and noise_neg of one dtype and device, bool [B] valid, int64 [B] num_negative.
+struct ClassTermsInputs {
+  at::Tensor user_emb, pos_emb, neutral, negative, noise_pos, noise_neg, valid, num_negative;
+};
+
+inline ClassTermsInputs prepare_class_terms(const char* op, const at::Tensor& user_emb, const at::Tensor& pos_emb,
+                                            const at::Tensor& neutral, const at::Tensor& negative,
+                                            const at::Tensor& noise_pos, const at::Tensor& noise_neg,
+                                            const at::Tensor& valid, const at::Tensor& num_negative) {
+  check_table(op, user_emb, "user_emb");
+  const int64_t rows = user_emb.size(0), dim = user_emb.size(1);
+  const std::pair<const at::Tensor*, const char*> rows_d[] = {
+      {&pos_emb, "pos_emb"}, {&neutral, "neutral"}, {&negative, "negative"}, {&noise_pos, "noise_pos"},
+      {&noise_neg, "noise_neg"}};
+  for (const auto& [x, name] : rows_d) check_tensor(op, user_emb, *x, name, user_emb.scalar_type(), {rows, dim});
+  check_tensor(op, user_emb, valid, "valid", at::kBool, {rows});
+  check_tensor(op, user_emb, num_negative, "num_negative", at::kLong, {rows});
+  return {user_emb.contiguous(), pos_emb.contiguous(), neutral.contiguous(), negative.contiguous(),
+          noise_pos.contiguous(), noise_neg.contiguous(), valid.contiguous(), num_negative.contiguous()};
+}
+
+template <typename scalar_t>
+ClassTermsBatch<scalar_t> class_terms_batch(const ClassTermsInputs& in) {
+  return {in.user_emb.data_ptr<scalar_t>(), in.pos_emb.data_ptr<scalar_t>(), in.neutral.data_ptr<scalar_t>(),
+          in.negative.data_ptr<scalar_t>(), in.noise_pos.data_ptr<scalar_t>(), in.noise_neg.data_ptr<scalar_t>(),
+          in.valid.data_ptr<bool>(), in.num_negative.data_ptr<int64_t>(), in.user_emb.size(0), in.user_emb.size(1)};
+}
+
+// The [B] upstream gradient `name` of a per-row output, checked, in the accumulation dtype.
+inline at::Tensor row_output_grad(const char* op, const ClassTermsInputs& in, const at::Tensor& grad,
+                                  const char* name) {
+  check_tensor(op, in.user_emb, grad, name, in.user_emb.scalar_type(), {in.user_emb.size(0)});
+  return grad.to(opmath_dtype(in.user_emb.scalar_type())).contiguous();
 }
 
 // The 0-dim upstream gradient of a scalar loss, on the device of `ref`, in the accumulation dtype.

@@ -272,6 +272,142 @@ PNN_HD inline acc_t norm_grad_scale(acc_t grad, acc_t reg_weight, int64_t rows, 
 }
 
 // ---------------------------------------------------------------------------------------------
+// L_rank and L_constrain of one row from its class centroids (the class_terms op), as
+// backends/rows.py's terms_from_centroids defines them:
+//   rank       = valid ? softplus(<u, c_neu> - <u, p>) + [n_neg > 0] softplus(<u, c_neg> - <u, c_neu>) : 0
+//   constrain  = valid && n_neg > 0 ? || z_pos * p / D(p) - z_neg * c_neg / D(c_neg) ||^2 : 0
+// with D(x) = max(||x||, eps), F.normalize's denominator.  One row's inputs are d-vectors.
+
+// F.normalize's eps (backends/rows.py's NORM_EPS)
+constexpr double kNormEps = 1e-12;
+
+template <typename acc_t>
+PNN_HD inline acc_t sqrt_(acc_t x) {
+#ifdef __CUDA_ARCH__
+  return sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+template <typename scalar_t>
+struct ClassTermsRow {
+  const scalar_t* user;       // u
+  const scalar_t* pos;        // p, the positive item's row
+  const scalar_t* neutral;    // c_neu
+  const scalar_t* negative;   // c_neg
+  const scalar_t* noise_pos;  // z_pos
+  const scalar_t* noise_neg;  // z_neg
+  int64_t d;
+  bool valid;                 // |U_b| > 0
+  bool has_negative;          // n_neg > 0
+};
+
+// The row's three scores and the two norms that F.normalize divides by.
+template <typename acc_t>
+struct ClassTermsScores {
+  acc_t pos, neutral, negative;  // <u, p>, <u, c_neu>, <u, c_neg>
+  acc_t pos_norm, negative_norm;  // ||p||, ||c_neg||
+};
+
+template <typename acc_t, typename scalar_t>
+PNN_HD inline ClassTermsScores<acc_t> class_terms_scores(const ClassTermsRow<scalar_t>& r) {
+  return {dot_wide<acc_t>(r.user, r.pos, r.d), dot_wide<acc_t>(r.user, r.neutral, r.d),
+          dot_wide<acc_t>(r.user, r.negative, r.d), sqrt_(dot_wide<acc_t>(r.pos, r.pos, r.d)),
+          sqrt_(dot_wide<acc_t>(r.negative, r.negative, r.d))};
+}
+
+template <typename acc_t>
+PNN_HD inline acc_t normalize_denominator(acc_t norm) {
+  return norm > acc_t(kNormEps) ? norm : acc_t(kNormEps);
+}
+
+// Entry k of the clamp gap z_pos * p / D(p) - z_neg * c_neg / D(c_neg), given 1 / D(p) and 1 / D(c_neg)
+// (a multiplication where F.normalize divides: within an ulp, and a division per entry was most of
+// the op's time).
+template <typename acc_t, typename scalar_t>
+PNN_HD_FORCE_INLINE acc_t clamp_gap(const ClassTermsRow<scalar_t>& r, int64_t k, acc_t inv_pos_denom,
+                                    acc_t inv_neg_denom) {
+  return acc_t(r.noise_pos[k]) * (acc_t(r.pos[k]) * inv_pos_denom) -
+         acc_t(r.noise_neg[k]) * (acc_t(r.negative[k]) * inv_neg_denom);
+}
+
+// One call's [B, d] inputs (contiguous) and [B] row flags, as raw pointers for both backends.
+template <typename scalar_t>
+struct ClassTermsBatch {
+  const scalar_t *user, *pos, *neutral, *negative, *noise_pos, *noise_neg;
+  const bool* valid;
+  const int64_t* num_negative;
+  int64_t rows, d;
+
+  PNN_HD ClassTermsRow<scalar_t> row(int64_t b) const {
+    const int64_t at = b * d;
+    return {user + at, pos + at, neutral + at, negative + at, noise_pos + at, noise_neg + at, d, valid[b],
+            num_negative[b] > 0};
+  }
+};
+
+template <typename acc_t, typename scalar_t>
+PNN_HD inline void class_terms_row(const ClassTermsRow<scalar_t>& r, acc_t& rank, acc_t& constrain) {
+  rank = constrain = acc_t(0);
+  if (!r.valid) return;
+  const ClassTermsScores<acc_t> s = class_terms_scores<acc_t>(r);
+  rank = softplus_value_grad(s.neutral - s.pos).value;
+  if (!r.has_negative) return;
+  rank += softplus_value_grad(s.negative - s.neutral).value;
+  const acc_t inv_pos = acc_t(1) / normalize_denominator(s.pos_norm);
+  const acc_t inv_neg = acc_t(1) / normalize_denominator(s.negative_norm);
+  for (int64_t k = 0; k < r.d; ++k) {
+    const acc_t gap = clamp_gap(r, k, inv_pos, inv_neg);
+    constrain = madd(gap, gap, constrain);
+  }
+}
+
+// The gradients of grad_rank * rank + grad_constrain * constrain w.r.t. u, p, c_neu and c_neg,
+// written (not added) to the d-vectors grad_*, which alias nothing else.  F.normalize's backward: for y = x / D(x),
+// dx = dy / D - [||x|| >= eps] x <dy, x> / (D^2 ||x||) (clamp_min passes the gradient at the bound).
+template <typename acc_t, typename scalar_t, typename out_t>
+PNN_HD inline void class_terms_row_backward(const ClassTermsRow<scalar_t>& r, acc_t grad_rank, acc_t grad_constrain,
+                                            out_t* __restrict__ grad_user, out_t* __restrict__ grad_pos,
+                                            out_t* __restrict__ grad_neutral, out_t* __restrict__ grad_negative) {
+  if (!r.valid) {
+    for (int64_t k = 0; k < r.d; ++k) grad_user[k] = grad_pos[k] = grad_neutral[k] = grad_negative[k] = out_t(0);
+    return;
+  }
+  const ClassTermsScores<acc_t> s = class_terms_scores<acc_t>(r);
+  // d rank / d of the three scores, times grad_rank
+  const acc_t first = softplus_value_grad(s.neutral - s.pos).grad;
+  const acc_t second = r.has_negative ? softplus_value_grad(s.negative - s.neutral).grad : acc_t(0);
+  const acc_t d_pos = -grad_rank * first, d_neutral = grad_rank * (first - second), d_negative = grad_rank * second;
+  // the clamp term: d constrain / d (p / D(p)) = 2 g z_pos gap, d / d (c_neg / D(c_neg)) = -2 g z_neg gap,
+  // and the projections <dy, x> of the normalize backward
+  const acc_t inv_pos = acc_t(1) / normalize_denominator(s.pos_norm);
+  const acc_t inv_neg = acc_t(1) / normalize_denominator(s.negative_norm);
+  const acc_t twice = acc_t(2) * (r.has_negative ? grad_constrain : acc_t(0));
+  acc_t pos_projection = 0, neg_projection = 0;
+  if (r.has_negative) {
+    for (int64_t k = 0; k < r.d; ++k) {
+      const acc_t gap = clamp_gap(r, k, inv_pos, inv_neg);
+      pos_projection += twice * acc_t(r.noise_pos[k]) * gap * acc_t(r.pos[k]);
+      neg_projection -= twice * acc_t(r.noise_neg[k]) * gap * acc_t(r.negative[k]);
+    }
+  }
+  // <dy, x> / (D^2 ||x||) = <dy, x> / D^3 where ||x|| >= eps (then D = ||x||)
+  const acc_t pos_radial = s.pos_norm >= acc_t(kNormEps) ? pos_projection * inv_pos * inv_pos * inv_pos : acc_t(0);
+  const acc_t neg_radial = s.negative_norm >= acc_t(kNormEps) ? neg_projection * inv_neg * inv_neg * inv_neg : acc_t(0);
+  // without a negative class `twice` is 0, so the gap drops out (no branch: the loop vectorises)
+  for (int64_t k = 0; k < r.d; ++k) {
+    const acc_t u = acc_t(r.user[k]), p = acc_t(r.pos[k]), c_neg = acc_t(r.negative[k]);
+    const acc_t gap = clamp_gap(r, k, inv_pos, inv_neg);
+    const acc_t d_unit_pos = twice * acc_t(r.noise_pos[k]) * gap, d_unit_neg = -twice * acc_t(r.noise_neg[k]) * gap;
+    grad_user[k] = out_t(d_pos * p + d_neutral * acc_t(r.neutral[k]) + d_negative * c_neg);
+    grad_pos[k] = out_t(d_pos * u + d_unit_pos * inv_pos - pos_radial * p);
+    grad_neutral[k] = out_t(d_neutral * u);
+    grad_negative[k] = out_t(d_negative * u + d_unit_neg * inv_neg - neg_radial * c_neg);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Total order of scores.  Scores map to unsigned keys whose integer order is the order of
 // torch.sort: -0.0 equals +0.0 and every NaN is one value above +inf.  Key 0 is never produced
 // (it would be a negative NaN, and NaNs are canonicalised), so kExcludedKey marks candidates

@@ -3,8 +3,9 @@
 Same signatures, same outputs (to rounding), on the C++/CUDA kernels of :mod:`pnn_fast.ops`.
 The [B, C] score and mask matrices of the reference are never built: the kernels recompute
 scores row by row, and only gathers of O(B d) (the positive, hard-negative and centroid scores)
-are left to autograd here.  What involves no scoring (the class size rule, the terms from the
-centroids) is shared with the reference through :mod:`pnn_fast.backends.rows`.
+are left to autograd here.  The class size rule is shared with the reference through
+:mod:`pnn_fast.backends.rows`; the terms from the centroids are the ``class_terms`` op, the same
+math as the reference's function of that name (the parity tests hold them together).
 """
 from __future__ import annotations
 
@@ -15,21 +16,21 @@ from .. import ops
 from ..known import KnownPositives
 from ..ops import (embedding_bpr, gathered_dots, gathered_norm, history_sample, masked_topk, pairwise_uniformity,
                   unknown_items)
-from .rows import NegSize, dot, gather_rows, negative_class_size, terms_from_centroids
+from .rows import NegSize, dot, gather_rows, negative_class_size
 
 __all__ = ["embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample", "masked_topk",
            "pairwise_uniformity", "pnn_row_terms", "unknown_items"]
 
 
 def _bpr(user_emb, item_table, pos_items, candidates, hard):
-    """(bpr, pos_emb, pos_score) given the hard negatives, as the reference computes them."""
+    """(bpr, pos_emb) given the hard negatives, as the reference computes them."""
     index = hard.clamp_min(0)
     hard_items = candidates[index] if candidates.dim() == 1 else candidates.gather(1, index[:, None]).squeeze(1)
     pos_emb = gather_rows(item_table, pos_items)
     pos_score = dot(user_emb, pos_emb)
     hard_score = dot(user_emb, gather_rows(item_table, hard_items))
     bpr = torch.where(hard >= 0, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
-    return bpr, pos_emb, pos_score
+    return bpr, pos_emb
 
 
 def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
@@ -43,25 +44,34 @@ def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: t
         ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``.
     """
     hard, num_unlabeled = ops.hard_negative_argmax(user_emb, item_table, users, pos_items, candidates, known)
-    bpr, _, _ = _bpr(user_emb, item_table, pos_items, candidates, hard)
+    bpr, _ = _bpr(user_emb, item_table, pos_items, candidates, hard)
     return bpr, hard, num_unlabeled
 
 
 def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
                   candidates: torch.Tensor, known: KnownPositives, neg_size: NegSize, noise_pos: torch.Tensor,
-                  noise_neg: torch.Tensor) -> dict:
+                  noise_neg: torch.Tensor, hard_candidates: torch.Tensor | None = None,
+                  candidates_unknown: bool = False) -> dict:
     """Per-row PNN terms; see :func:`pnn_fast.backends.reference.pnn_row_terms` (same arguments and outputs).
 
     Returns:
         dict of [B] tensors: ``bpr``, ``rank``, ``constrain`` (float), ``hard_negative``,
         ``num_negative``, ``num_neutral`` (int64), ``valid`` (bool).
     """
+    # drawn from the unknown items, every candidate is in U_b unless it is the positive: no lookups
+    lookup = known.without_items if candidates_unknown else known
     # |U_b| first (no scoring), so that one scoring pass gives the classes and the hard negative
-    num_unlabeled = ops.count_unlabeled(user_emb, item_table, users, pos_items, candidates, known)
+    num_unlabeled = ops.count_unlabeled(user_emb, item_table, users, pos_items, candidates, lookup)
     valid = num_unlabeled > 0
     k = negative_class_size(num_unlabeled, known.count(users), known.num_items, neg_size)
     c_neu, c_neg, num_neutral, num_negative, _, _, hard = ops.class_centroids(user_emb, item_table, users, pos_items,
-                                                                              candidates, known, k)
-    bpr, pos_emb, pos_score = _bpr(user_emb, item_table, pos_items, candidates, hard)
-    return terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, num_neutral, num_negative,
-                                valid, noise_pos, noise_neg)
+                                                                              candidates, lookup, k)
+    if hard_candidates is None:
+        bpr, pos_emb = _bpr(user_emb, item_table, pos_items, candidates, hard)
+    else:
+        hard, _ = ops.hard_negative_argmax(user_emb, item_table, users, pos_items, hard_candidates, lookup)
+        bpr, pos_emb = _bpr(user_emb, item_table, pos_items, hard_candidates, hard)
+    # L_rank and L_constrain in one op each way, in place of some 60 ATen ops through autograd
+    rank, constrain = ops.class_terms(user_emb, pos_emb, c_neu, c_neg, noise_pos, noise_neg, valid, num_negative)
+    return {"bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard, "num_negative": num_negative,
+            "num_neutral": num_neutral, "valid": valid}

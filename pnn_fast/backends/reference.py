@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..csr import CSR
 from ..known import KnownPositives
-from .rows import NegSize, dot, gather_rows, negative_class_size, terms_from_centroids
+from .rows import NORM_EPS, NegSize, dot, gather_rows, negative_class_size
 
 
 def candidate_embeddings(item_table: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -80,7 +80,7 @@ def _scored_rows(user_emb, item_table, users, pos_items, candidates, known):
     pos_score = dot(user_emb, pos_emb)
     hard_score = scores.gather(1, hard.clamp_min(0)[:, None]).squeeze(1)
     bpr = torch.where(hard >= 0, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
-    return scores, unlabeled, hard, pos_emb, pos_score, bpr
+    return scores, unlabeled, hard, pos_emb, bpr
 
 
 def hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, known):
@@ -89,27 +89,59 @@ def hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, known)
     Returns ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``; bpr is 0 where the
     row has no unlabeled candidate (hard_negative -1).
     """
-    _, unlabeled, hard, _, _, bpr = _scored_rows(user_emb, item_table, users, pos_items, candidates, known)
+    _, unlabeled, hard, _, bpr = _scored_rows(user_emb, item_table, users, pos_items, candidates, known)
     return bpr, hard, unlabeled.sum(dim=1)
+
+
+def class_terms(user_emb: torch.Tensor, pos_emb: torch.Tensor, neutral: torch.Tensor, negative: torch.Tensor,
+                noise_pos: torch.Tensor, noise_neg: torch.Tensor, valid: torch.Tensor,
+                num_negative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """L_rank and L_constrain of each row from its class centroids; see :func:`pnn_fast.ops.class_terms`.
+
+    Args: float [B, d] ``user_emb``, ``pos_emb``, ``neutral`` (c_neu), ``negative`` (c_neg),
+    ``noise_pos``, ``noise_neg``; bool [B] ``valid``; int64 [B] ``num_negative``.
+    Returns: ``(rank, constrain)``, float [B], 0 on rows that are not ``valid``.
+    """
+    zero = torch.zeros_like(user_emb[:, 0])
+    has_negative = num_negative > 0
+
+    # L_rank: positive > neutral centroid > negative centroid
+    s_pos, s_neu, s_neg = dot(user_emb, pos_emb), dot(user_emb, neutral), dot(user_emb, negative)
+    rank = F.softplus(s_neu - s_pos) + torch.where(has_negative, F.softplus(s_neg - s_neu), zero)
+    rank = torch.where(valid, rank, zero)
+
+    # L_constrain: the two clamp embeddings e_neu + noise_pos*dir(e_+) and e_neu + noise_neg*dir(c_neg);
+    # e_neu cancels in their difference, so it is evaluated in the simplified form.
+    gap = noise_pos * F.normalize(pos_emb, dim=1, eps=NORM_EPS) - noise_neg * F.normalize(negative, dim=1, eps=NORM_EPS)
+    constrain = torch.where(valid & has_negative, gap.pow(2).sum(dim=1), zero)
+    return rank, constrain
 
 
 def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                   pos_items: torch.Tensor, candidates: torch.Tensor, known: KnownPositives,
-                  neg_size: NegSize, noise_pos: torch.Tensor, noise_neg: torch.Tensor) -> dict:
+                  neg_size: NegSize, noise_pos: torch.Tensor, noise_neg: torch.Tensor,
+                  hard_candidates: torch.Tensor | None = None, candidates_unknown: bool = False) -> dict:
     """Per-row PNN terms (docs/semantics.md).
 
     Args:
         user_emb: float [B, d]; item_table: float [I, d]; users, pos_items: int [B];
-        candidates: int [C] shared or [B, C] per row; noise_pos, noise_neg: float [B, d].
+        candidates: int [C] shared or [B, C] per row; noise_pos, noise_neg: float [B, d];
+        hard_candidates: int [B, M] or None: when given, L_BPR's hard negative is the hardest of
+        these (DNS's), while the classes stay the candidates'; candidates_unknown: the caller's
+        promise that no candidate (or hard candidate) is a known item of its row's user (they were
+        drawn by :func:`pnn_fast.sampling.sample_unknown`), which lets the fused backend skip the
+        known-item lookups; the reference looks them up anyway, so the parity tests check the promise.
     Returns:
         dict of [B] tensors: ``bpr``, ``rank``, ``constrain`` (float, 0 on rows without
-        unlabeled candidates), ``hard_negative`` (int64 candidate index or -1),
-        ``num_negative``, ``num_neutral`` (int64), ``valid`` (bool).
+        unlabeled candidates), ``hard_negative`` (int64 index into the candidates, or into
+        ``hard_candidates`` when given; -1 for none), ``num_negative``, ``num_neutral`` (int64),
+        ``valid`` (bool).
     """
     cand_emb = candidate_embeddings(item_table, candidates)
-    # L_BPR with the in-batch dynamic hard negative
-    scores, unlabeled, hard, pos_emb, pos_score, bpr = _scored_rows(user_emb, item_table, users, pos_items,
-                                                                    candidates, known)
+    # L_BPR with the in-batch dynamic hard negative, or DNS's
+    scores, unlabeled, hard, pos_emb, bpr = _scored_rows(user_emb, item_table, users, pos_items, candidates, known)
+    if hard_candidates is not None:
+        bpr, hard, _ = hard_negative_bpr(user_emb, item_table, users, pos_items, hard_candidates, known)
     num_unlabeled = unlabeled.sum(dim=1)
     valid = num_unlabeled > 0
 
@@ -125,8 +157,9 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
 
     c_neu = centroid(neutral, num_neutral)
     c_neg = centroid(negative, num_negative)
-    return terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, num_neutral, num_negative,
-                                valid, noise_pos, noise_neg)
+    rank, constrain = class_terms(user_emb, pos_emb, c_neu, c_neg, noise_pos, noise_neg, valid, num_negative)
+    return {"bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard, "num_negative": num_negative,
+            "num_neutral": num_neutral, "valid": valid}
 
 
 def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Union
 
 import torch
-import torch.nn.functional as F
 
 #: the size rule of a row's negative class: "proportional", "count" or a fixed int
 NegSize = Union[str, int]
@@ -47,30 +46,3 @@ def negative_class_size(num_unlabeled: torch.Tensor, num_known: torch.Tensor, nu
     else:
         k = torch.full_like(num_unlabeled, int(neg_size))
     return torch.minimum(k, (num_unlabeled - 1).clamp_min(0))
-
-
-def terms_from_centroids(user_emb, pos_emb, pos_score, bpr, hard, c_neu, c_neg, num_neutral, num_negative, valid,
-                         noise_pos, noise_neg) -> dict:
-    """L_rank and L_constrain from the class centroids; the part every backend shares.
-
-    Args: float [B, d] ``user_emb``, ``pos_emb``, ``c_neu``, ``c_neg``, ``noise_*``; float [B]
-    ``pos_score``, ``bpr``; int64 [B] ``hard``, ``num_neutral``, ``num_negative``; bool [B] ``valid``.
-    Returns: the dict of :func:`pnn_row_terms`.
-    """
-    zero = torch.zeros_like(pos_score)
-    has_negative = num_negative > 0
-
-    # L_rank: positive > neutral centroid > negative centroid
-    s_neu, s_neg = dot(user_emb, c_neu), dot(user_emb, c_neg)
-    rank = F.softplus(s_neu - pos_score) + torch.where(has_negative, F.softplus(s_neg - s_neu), zero)
-    rank = torch.where(valid, rank, zero)
-
-    # L_constrain: the two clamp embeddings e_neu + noise_pos*dir(e_+) and e_neu + noise_neg*dir(c_neg);
-    # e_neu cancels in their difference, so it is evaluated in the simplified form.
-    gap = noise_pos * F.normalize(pos_emb, dim=1, eps=NORM_EPS) - noise_neg * F.normalize(c_neg, dim=1, eps=NORM_EPS)
-    constrain = torch.where(valid & has_negative, gap.pow(2).sum(dim=1), zero)
-
-    return {
-        "bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard,
-        "num_negative": num_negative, "num_neutral": num_neutral, "valid": valid,
-    }

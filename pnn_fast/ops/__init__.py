@@ -17,6 +17,7 @@ and ids, and return dense table gradients.
 Importing this package needs the compiled extension (ImportError otherwise).
 """
 from .class_centroids import class_centroids
+from .class_terms import class_terms
 from .count_unlabeled import count_unlabeled
 from .embedding_bpr import embedding_bpr
 from .gathered_dots import gathered_dots
@@ -27,5 +28,5 @@ from .masked_topk import masked_topk
 from .pairwise_uniformity import pairwise_uniformity
 from .unknown_items import unknown_items
 
-__all__ = ["class_centroids", "count_unlabeled", "embedding_bpr", "gathered_dots", "gathered_norm",
+__all__ = ["class_centroids", "class_terms", "count_unlabeled", "embedding_bpr", "gathered_dots", "gathered_norm",
            "hard_negative_argmax", "history_sample", "masked_topk", "pairwise_uniformity", "unknown_items"]
