@@ -97,7 +97,7 @@ assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no G
   run bench-pnn-loss 180 "$PYTHON" bench/bench_pnn_loss.py --devices cuda --batches 2048 8192 \
     --json "$OUT/bench_pnn_loss.json"
   run profile-cuda 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cuda --batches 8192
-  run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn "$PYTHON" -m pytest -q \
+  run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn,pnn-dns-anchored "$PYTHON" -m pytest -q \
     -p no:cacheprovider bench/bench_epochs.py --benchmark-columns=median,rounds
   run tests-cpu 150 "$PYTHON" -m pytest -q -p no:cacheprovider -p xdist -n 8 -rfE tests/ops tests/test_losses.py \
     tests/test_attention.py -k "not cuda"
