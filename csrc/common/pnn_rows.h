@@ -273,7 +273,7 @@ PNN_HD inline acc_t norm_grad_scale(acc_t grad, acc_t reg_weight, int64_t rows, 
 
 // ---------------------------------------------------------------------------------------------
 // L_rank and L_constrain of one row from its class centroids (the class_terms op), as
-// backends/rows.py's terms_from_centroids defines them:
+// backends/reference.py's class_terms defines them:
 //   rank       = valid ? softplus(<u, c_neu> - <u, p>) + [n_neg > 0] softplus(<u, c_neg> - <u, c_neu>) : 0
 //   constrain  = valid && n_neg > 0 ? || z_pos * p / D(p) - z_neg * c_neg / D(c_neg) ||^2 : 0
 // with D(x) = max(||x||, eps), F.normalize's denominator.  One row's inputs are d-vectors.
