@@ -18,9 +18,9 @@
 # backward against the reference plus torch.compile(PNNLoss) against eager; the same workload under
 # compute-sanitizer memcheck and racecheck; bench_pnn_loss.py on CUDA at B = 2048 and 8192
 # (reference, torch.compile(reference), fused: ms and torch.cuda.max_memory_allocated) and
-# torch.profiler's top kernels of the fused step at B = 8192 (--profile); one ML-1M
-# epoch each of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); the CPU kernels' tests on the
-# machine's 16 cores (thread-count bugs that 2 cores hide).
+# torch.profiler's top kernels of the fused step at B = 8192 (--profile); one ML-1M epoch each
+# of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); the CPU
+# kernels' tests on the machine's 16 cores (thread-count bugs that 2 cores hide).
 set -uo pipefail
 
 DRY_RUN=0
