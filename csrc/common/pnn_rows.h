@@ -364,8 +364,9 @@ PNN_HD inline void class_terms_row(const ClassTermsRow<scalar_t>& r, acc_t& rank
 }
 
 // The gradients of grad_rank * rank + grad_constrain * constrain w.r.t. u, p, c_neu and c_neg,
-// written (not added) to the d-vectors grad_*, which alias nothing else.  F.normalize's backward: for y = x / D(x),
-// dx = dy / D - [||x|| >= eps] x <dy, x> / (D^2 ||x||) (clamp_min passes the gradient at the bound).
+// written (not added) to the d-vectors grad_*, which alias nothing else.  F.normalize's backward,
+// for y = x / D(x): dx = dy / D - [||x|| >= eps] x <dy, x> / (D^2 ||x||) (clamp_min passes the
+// gradient at the bound).
 template <typename acc_t, typename scalar_t, typename out_t>
 PNN_HD inline void class_terms_row_backward(const ClassTermsRow<scalar_t>& r, acc_t grad_rank, acc_t grad_constrain,
                                             out_t* __restrict__ grad_user, out_t* __restrict__ grad_pos,
