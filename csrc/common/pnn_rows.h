@@ -67,6 +67,15 @@ PNN_HD inline acc_t log_(acc_t x) {
 }
 
 template <typename acc_t>
+PNN_HD inline acc_t sqrt_(acc_t x) {
+#ifdef __CUDA_ARCH__
+  return sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+template <typename acc_t>
 PNN_HD inline acc_t neg_infinity() {
   return -static_cast<acc_t>(INFINITY);
 }
@@ -280,15 +289,6 @@ PNN_HD inline acc_t norm_grad_scale(acc_t grad, acc_t reg_weight, int64_t rows, 
 
 // F.normalize's eps (backends/rows.py's NORM_EPS)
 constexpr double kNormEps = 1e-12;
-
-template <typename acc_t>
-PNN_HD inline acc_t sqrt_(acc_t x) {
-#ifdef __CUDA_ARCH__
-  return sqrt(x);
-#else
-  return std::sqrt(x);
-#endif
-}
 
 template <typename scalar_t>
 struct ClassTermsRow {

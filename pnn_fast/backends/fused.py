@@ -2,7 +2,7 @@
 
 Same signatures, same outputs (to rounding), on the C++/CUDA kernels of :mod:`pnn_fast.ops`.
 The [B, C] score and mask matrices of the reference are never built: the kernels recompute
-scores row by row, and only gathers of O(B d) (the positive, hard-negative and centroid scores)
+scores row by row, and only gathers of O(B d) (the positive and hard-negative scores)
 are left to autograd here.  The class size rule is shared with the reference through
 :mod:`pnn_fast.backends.rows`; the terms from the centroids are the ``class_terms`` op, the same
 math as the reference's function of that name (the parity tests hold them together).
