@@ -6,7 +6,8 @@ The batch (:func:`ml1m_batch`) comes from ``bench/_harness.synthetic_problem``: 
 ratings over 6,040 users, without its long tail); float32 tables with d = 64 on the harness's 1/64
 grid, on which every score is exact, so both backends select the same candidates; B = 2048
 (user, known item) rows. On top of it: K = 8 unknown items per row (the sampled candidates and BPR
-negatives) with the uniform draws that chose them, and L = 50 draws for the history sample. It is
+negatives) with the uniform draws that chose them, the same for K = 800 (SL's negatives), and L = 50
+draws for the history sample. It is
 built on the CPU and copied, so every device sees the same values.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ if not build_info()["compiled"]:
 from pnn_fast import ops  # noqa: E402  (needs the compiled kernels)
 
 NUM_USERS, NUM_ITEMS, KNOWN_PER_USER = 6040, 3706, 165
-DIM, BATCH, PER_ROW, HISTORY = 64, 2048, 8, 50
+DIM, BATCH, PER_ROW, SL_PER_ROW, HISTORY = 64, 2048, 8, 800, 50
 
 BACKENDS = ("reference", "fused")
 PASSES = ("forward", "forward+backward")
@@ -60,6 +61,12 @@ class OpInputs:
     unknown_draws: torch.Tensor  # float32 [B, K] in [0, 1)
     sampled_items: torch.Tensor  # int64 [B, K], the unknown items those draws choose
     history_draws: torch.Tensor  # float32 [B, L] in [0, 1)
+    sl_draws: torch.Tensor  # float32 [B, 800] in [0, 1)
+    sl_items: torch.Tensor  # int64 [B, 800], the unknown items those draws choose
+
+    def draws(self, per_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(uniform draws float32 [B, per_row], the unknown items they choose int64 [B, per_row]), per_row 8 or 800."""
+        return {PER_ROW: (self.unknown_draws, self.sampled_items), SL_PER_ROW: (self.sl_draws, self.sl_items)}[per_row]
 
     @property
     def user_emb(self) -> torch.Tensor:
@@ -86,9 +93,11 @@ def ml1m_batch(device: str) -> OpInputs:
     generator = torch.Generator().manual_seed(1)
     unknown_draws = torch.rand(BATCH, PER_ROW, generator=generator)
     history_draws = torch.rand(BATCH, HISTORY, generator=generator)
+    sl_draws = torch.rand(BATCH, SL_PER_ROW, generator=generator)
     sampled_items = reference.unknown_items(problem["known"], problem["users"], unknown_draws)
+    sl_items = reference.unknown_items(problem["known"], problem["users"], sl_draws)
     return OpInputs(problem["known"], problem["users"], problem["pos_items"], problem["user_table"],
-                    problem["item_table"], unknown_draws, sampled_items, history_draws).to(device)
+                    problem["item_table"], unknown_draws, sampled_items, history_draws, sl_draws, sl_items).to(device)
 
 
 def run_pass(fn, args: tuple, backward_wrt: tuple[int, ...]) -> tuple[torch.Tensor, ...]:

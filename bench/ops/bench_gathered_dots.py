@@ -2,19 +2,21 @@
 
 reference: ``reference.gathered_dots``, a [2048, 8, 64] gather, products and a sum; fused:
 ``ops.gathered_dots``, no gather. Inputs: rows float32 [2048, 64] (the users' embeddings), table float32
-[3706, 64] (the items'), ids int64 [2048, 8] (unknown items per row). Result: float32 [2048, 8], to
-rounding; forward, and forward + backward to rows and table (dense gradient).
+[3706, 64] (the items'), ids int64 [2048, K] (unknown items per row: K = 8 as DNS, 800 as SL). Result:
+float32 [2048, K], to rounding; forward, and forward + backward to rows and table (dense gradient).
 """
 import pytest
-from _op_bench import BACKENDS, DEVICES, PASSES, check_then_time, ml1m_batch, ops
+from _op_bench import BACKENDS, DEVICES, PASSES, PER_ROW, SL_PER_ROW, check_then_time, ml1m_batch, ops
 
 from pnn_fast.backends import reference
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("passes", PASSES)
+@pytest.mark.parametrize("per_row", [PER_ROW, SL_PER_ROW])
 @pytest.mark.parametrize("device", DEVICES)
-def test_gathered_dots(benchmark, device, passes, backend):
+def test_gathered_dots(benchmark, device, per_row, passes, backend):
     batch = ml1m_batch(device)
+    _, ids = batch.draws(per_row)
     check_then_time(benchmark, device, backend, reference.gathered_dots, ops.gathered_dots,
-                    (batch.user_emb, batch.item_table, batch.sampled_items), passes=passes, wrt=(0, 1))
+                    (batch.user_emb, batch.item_table, ids), passes=passes, wrt=(0, 1))

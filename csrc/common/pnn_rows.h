@@ -170,7 +170,30 @@ PNN_HD inline bool sorted_contains(const int64_t* sorted, int64_t n, int64_t x) 
 // The rank-th (0-based) item id that is NOT in sorted[0:n] (a user's known items): uniform
 // sampling of unknown items draws rank in [0, num_items - n) and maps it here.  The answer is
 // rank + m, m = #{i : sorted[i] - i <= rank}; sorted[i] - i (the unknown ids below sorted[i]) is
-// non-decreasing, so m is one binary search.
+// non-decreasing, so m is one binary search, branch-free as sorted_contains's: its steps depend on
+// n alone, so the draws of one user take the same steps (lockstep on the CPU, no divergence in a warp).
+// One step, with m known to lie in [at, at + n] and half = n / 2: the new start of that span, whose
+// length becomes n - half (m > at + half when sorted[at + half] - (at + half) <= rank, else m <= at + half).
+PNN_HD inline int64_t unknown_step(const int64_t* sorted, int64_t at, int64_t half, int64_t rank) {
+  return sorted[at + half] - (at + half) <= rank ? at + half : at;
+}
+
+// m from the position `at` the steps ended on (n down to 1): m is at or at + 1.
+PNN_HD inline int64_t unknown_from_last(const int64_t* sorted, int64_t at, int64_t rank) {
+  return rank + at + (sorted[at] - at <= rank ? 1 : 0);
+}
+
+PNN_HD inline int64_t unknown_by_rank(const int64_t* sorted, int64_t n, int64_t rank) {
+  if (n <= 0) return rank;
+  int64_t at = 0;
+  while (n > 1) {
+    const int64_t half = n >> 1;
+    at = unknown_step(sorted, at, half, rank);
+    n -= half;
+  }
+  return unknown_from_last(sorted, at, rank);
+}
+
 // Rank among `free` items of a uniform draw u in [0, 1), as torch computes (u * free).long() in
 // float32, clamped to free - 1 against the rounding of u * free up to free.
 PNN_HD inline int64_t rank_of_uniform(float u, int64_t free) {
@@ -199,35 +222,6 @@ PNN_HD inline int64_t floyd_positions(int64_t n, int64_t size, const float* u, i
     out[i] = t;
   }
   return size;
-}
-
-// One search for unknown_by_rank as a state machine, so that a CPU thread can advance many
-// searches in lockstep and overlap their memory latencies (a user's row is rarely in cache).
-struct UnknownSearch {
-  const int64_t* sorted;  // the user's known items
-  int64_t rank;
-  int64_t lo, hi;         // m lies in [lo, hi]
-
-  PNN_HD UnknownSearch() : sorted(nullptr), rank(-1), lo(0), hi(0) {}
-  PNN_HD UnknownSearch(const int64_t* sorted_items, int64_t n, int64_t r)
-      : sorted(sorted_items), rank(r), lo(0), hi(n) {}
-  PNN_HD bool done() const { return lo >= hi; }
-  PNN_HD const int64_t* probe() const { return sorted + lo + (hi - lo) / 2; }
-  PNN_HD void step() {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (sorted[mid] - mid <= rank) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  PNN_HD int64_t item() const { return rank + lo; }
-};
-
-PNN_HD inline int64_t unknown_by_rank(const int64_t* sorted, int64_t n, int64_t rank) {
-  UnknownSearch search(sorted, n, rank);
-  while (!search.done()) search.step();
-  return search.item();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "cpu/cpu_rows.h"
+#include "cpu/simd.h"
 
 namespace pnn_fast {
 namespace {
@@ -25,12 +26,15 @@ at::Tensor gathered_dots_fwd_cpu(const at::Tensor& rows, const at::Tensor& table
     const scalar_t *r = R.data_ptr<scalar_t>(), *t = T.data_ptr<scalar_t>();
     const int64_t* ix = id.data_ptr<int64_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
+    // dot_wide's 8 lanes are 8 chains of multiplies and adds: one AVX2 register where the CPU has it
     at::parallel_for(0, B, lookup_grain(K * d), [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
-        for (int64_t k = 0; k < K; ++k) {
-          o[b * K + k] = static_cast<scalar_t>(dot_wide<acc_t>(r + b * d, t + ix[b * K + k] * d, d));
+      run_widest([&]() PNN_INLINE_LAMBDA {
+        for (int64_t b = begin; b < end; ++b) {
+          for (int64_t k = 0; k < K; ++k) {
+            o[b * K + k] = static_cast<scalar_t>(dot_wide<acc_t>(r + b * d, t + ix[b * K + k] * d, d));
+          }
         }
-      }
+      });
     });
   });
   return out;
@@ -53,27 +57,33 @@ std::tuple<at::Tensor, at::Tensor> gathered_dots_bwd_cpu(const at::Tensor& grad,
     const int64_t* ix = id.data_ptr<int64_t>();
     acc_t* gr = grad_rows.data_ptr<acc_t>();
     acc_t* gt = grad_table.data_ptr<acc_t>();
+    // Both loops are element-wise multiply-adds over d (run_widest: AVX2 where the CPU has it, the same bits).
     // d/d rows[b] = sum_k g[b, k] table[ids[b, k]]: each task owns its rows
     at::parallel_for(0, B, lookup_grain(K * d), [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
-        acc_t* out = gr + b * d;
-        std::fill(out, out + d, acc_t(0));
-        for (int64_t k = 0; k < K; ++k) {
-          const acc_t gk = acc_t(g[b * K + k]);
-          const scalar_t* v = t + ix[b * K + k] * d;
-          for (int64_t i = 0; i < d; ++i) out[i] += gk * acc_t(v[i]);
+      run_widest([&]() PNN_INLINE_LAMBDA {
+        for (int64_t b = begin; b < end; ++b) {
+          acc_t* __restrict out = gr + b * d;
+          std::fill(out, out + d, acc_t(0));
+          for (int64_t k = 0; k < K; ++k) {
+            const acc_t gk = acc_t(g[b * K + k]);
+            const scalar_t* __restrict v = t + ix[b * K + k] * d;
+            for (int64_t i = 0; i < d; ++i) out[i] += gk * acc_t(v[i]);
+          }
         }
-      }
+      });
     });
     // d/d table[j] = sum over (b, k) with ids[b, k] = j of g[b, k] rows[b]: scattered by column blocks
     for_column_blocks(d, B * K, [&](int64_t c0, int64_t c1) {
-      for (int64_t b = 0; b < B; ++b) {
-        for (int64_t k = 0; k < K; ++k) {
-          const acc_t gk = acc_t(g[b * K + k]);
-          acc_t* out = gt + ix[b * K + k] * d;
-          for (int64_t i = c0; i < c1; ++i) out[i] += gk * acc_t(r[b * d + i]);
+      run_widest([&]() PNN_INLINE_LAMBDA {
+        for (int64_t b = 0; b < B; ++b) {
+          const scalar_t* __restrict row = r + b * d;
+          for (int64_t k = 0; k < K; ++k) {
+            const acc_t gk = acc_t(g[b * K + k]);
+            acc_t* __restrict out = gt + ix[b * K + k] * d;
+            for (int64_t i = c0; i < c1; ++i) out[i] += gk * acc_t(row[i]);
+          }
         }
-      }
+      });
     });
   });
   return {grad_rows.to(R.scalar_type()), grad_table.to(T.scalar_type())};

@@ -112,6 +112,33 @@ void tile_chains_dispatch(const acc_t* a, const acc_t* tiles, int64_t d, int64_t
 #endif
 }
 
+// Runs body(), compiled for AVX2 on CPUs that have it and for the build's baseline (SSE2 on x86-64)
+// elsewhere: body must be a lambda marked PNN_INLINE_LAMBDA, so that it is inlined into each caller and
+// its loops vectorise with that caller's instruction set.  Only for loops whose results do not depend on
+// the vector width: element-wise multiplies and adds in a fixed order (no FMA: AVX2 alone, not "fma",
+// and -ffp-contract=off), so both variants give the same bits.
+#ifdef PNN_SIMD_VECTORS
+#define PNN_INLINE_LAMBDA __attribute__((always_inline))
+#else
+#define PNN_INLINE_LAMBDA
+#endif
+
+#ifdef PNN_SIMD_AVX2_DISPATCH
+template <typename Body>
+__attribute__((target("avx2"))) void run_avx2(const Body& body) {
+  body();
+}
+#endif
+
+template <typename Body>
+void run_widest(const Body& body) {
+#ifdef PNN_SIMD_AVX2_DISPATCH
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  if (has_avx2) return run_avx2(body);
+#endif
+  body();
+}
+
 // A set of vectors of length d in acc_t, transposed in tiles of kTile: element k of vector j
 // is at ((j / kTile) * d + k) * kTile + j % kTile; the padding of the last tile is zero.
 template <typename acc_t>

@@ -1,4 +1,4 @@
-// pnn_fast::unknown_items on CUDA: one thread per draw, the binary search of UnknownSearch (pnn_rows.h).
+// pnn_fast::unknown_items on CUDA: one thread per draw, the binary search of unknown_by_rank (pnn_rows.h).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
