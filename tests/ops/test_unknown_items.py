@@ -54,16 +54,21 @@ def test_kernel_and_reference_samplers_agree_on_real_sizes():
 
 @pytest.mark.parametrize("per_row", [1, 37, 800])
 def test_many_draws_per_user_agree_with_the_reference_on_any_thread_count(per_row):
-    """The CPU kernel searches groups of draws in lockstep, each group running its longest row's
-    steps; groups and thread chunks straddle rows here (37 draws a row), rows of every length meet in
-    one group (per_row 1), and one user's row is searched by many groups (SL's 800 draws a row)."""
+    """Few draws a row: the CPU kernel searches groups of draws in lockstep, each group running its
+    longest row's steps; groups and thread chunks straddle rows here (1 and 37 draws a row), and rows
+    of every length meet in one group.  Many (37 and SL's 800): each row's rank index, over rows of
+    every length and rows whose known items come in runs."""
     gen = torch.Generator().manual_seed(11)
     num_items = 3000
     lengths = [0, 1, 2, 3, num_items - 1, 1500, 64, 65, 127, 128, 129] + torch.randint(0, 400, (89,), generator=gen).tolist()
-    users = [u for u, n in enumerate(lengths) for _ in range(n)]
-    items = [i for n in lengths for i in torch.randperm(num_items, generator=gen)[:n].tolist()]
-    known = KnownPositives.from_pairs(torch.tensor(users), torch.tensor(items), len(lengths), num_items)
-    batch = torch.randint(0, len(lengths), (301,), generator=gen)
+    rows = [torch.randperm(num_items, generator=gen)[:n] for n in lengths]
+    # and known items in runs of consecutive ids, which the rank index's scans cross: one run of 1500,
+    # and twenty short ones
+    rows += [torch.arange(700, 2200), torch.cat([torch.arange(a, a + 40) for a in range(0, 2800, 140)])]
+    users = [u for u, row in enumerate(rows) for _ in range(row.numel())]
+    items = torch.cat(rows)
+    known = KnownPositives.from_pairs(torch.tensor(users), items, len(rows), num_items)
+    batch = torch.randint(0, len(rows), (301,), generator=gen)
     uniform = torch.rand(301, per_row, generator=gen)
     uniform[0, 0], uniform[-1, -1] = 0.0, 1.0 - 2.0**-24  # the first and the last unknown item
     expected = unknown_from_uniform(known, batch, uniform, "reference")
