@@ -52,12 +52,13 @@ def test_kernel_and_reference_samplers_agree_on_real_sizes():
                        sample_unknown(known, batch, 3, torch.Generator().manual_seed(1), backend="reference"))
 
 
-@pytest.mark.parametrize("per_row", [1, 37, 800])
+@pytest.mark.parametrize("per_row", [1, 7, 37, 800])
 def test_many_draws_per_user_agree_with_the_reference_on_any_thread_count(per_row):
-    """Few draws a row: the CPU kernel searches groups of draws in lockstep, each group running its
-    longest row's steps; groups and thread chunks straddle rows here (1 and 37 draws a row), and rows
-    of every length meet in one group.  Many (37 and SL's 800): each row's rank index, over rows of
-    every length and rows whose known items come in runs."""
+    """Few draws a row (1 and 7, under the kernel's 32): groups of draws searched in lockstep, each
+    group running its longest row's steps; groups and thread chunks straddle rows, and rows of every
+    length meet in one group.  Many (37 and SL's 800): each row's rank index, or the searches where a
+    row is too long to pay for one (1500 and 2999 known at 37 draws), over rows of every length and
+    rows whose known items come in runs."""
     gen = torch.Generator().manual_seed(11)
     num_items = 3000
     lengths = [0, 1, 2, 3, num_items - 1, 1500, 64, 65, 127, 128, 129] + torch.randint(0, 400, (89,), generator=gen).tolist()
