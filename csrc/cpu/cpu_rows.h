@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -225,11 +225,14 @@ class RowScan {
   std::vector<uint8_t> flags_;  // scratch of load() and members()
 };
 
-// Bottom-k selection of one row: the radix select of the CUDA kernel (radix_digit, radix_pick),
-// run serially.  Each pass over the candidates that still match the digits chosen so far keeps
-// them (stable, so the survivors stay in j order) and histograms their next digit at once; the
-// first pass only histograms, over every candidate.  The loops store unconditionally and
-// advance or count by the predicate, with no branch to mispredict on scattered matches.
+// Bottom-k selection of one row in one pass over its keys.  Members (keys != kExcludedKey) below
+// the admission bound are appended to a buffer; a full buffer keeps its k lowest (key, j) pairs and
+// lowers the bound to the k-th of them.  Candidates come in increasing j, so a later one whose key
+// equals the bound ranks above all k kept pairs: "key below the bound" is the whole test, and a
+// block of kBlock keys is tested at once, in one loop the compiler vectorises.  In random order
+// about k (1 + ln(C / k)) members are buffered (the CPU radix select this replaced made two or more
+// passes over the row and merged four 256-bin histograms per digit, a third of an in-batch step).
+// The CUDA kernel keeps its radix select: the same (threshold, cutoff), a different route.
 template <typename acc_t>
 class BottomK {
  public:
@@ -238,110 +241,122 @@ class BottomK {
   // The state (threshold, cutoff) of the k lowest (key, j) among keys[j] != kExcludedKey, j <
   // count; k is clamped to [0, |U_b|].
   void select(const key_t* keys, int64_t count, int64_t k, acc_t& threshold, int64_t& cutoff) {
-    if (count <= kShortRow) return select_short(keys, count, k, threshold, cutoff);
-    int shift = KeyBits<key_t>::value - kRadixBits;
-    int64_t histogram[kRadixSize];
-    clear_counts();
-    for (int64_t j = 0; j < count; ++j) {
-      count_digit(j, radix_digit(keys[j], shift), keys[j] != key_t(kExcludedKey));
-    }
-    const int64_t members = merge_counts(histogram);
-    int64_t rank = std::min(std::max<int64_t>(k, 0), members);
-    if (rank == 0) {
-      threshold = neg_infinity<acc_t>();
-      cutoff = -1;
-      return;
-    }
-    int digit = radix_pick(histogram, rank);
-    key_t prefix = static_cast<key_t>(digit) << shift;
-    keys_.resize(count);
-    index_.resize(count);
-    int64_t kept = 0;
-    // the members whose first digit is `digit`
-    clear_counts();
-    for (int64_t j = 0; j < count; ++j) {
-      const bool match = keys[j] != key_t(kExcludedKey) && radix_digit(keys[j], shift) == digit;
-      keys_[kept] = keys[j];
-      index_[kept] = j;
-      count_digit(j, radix_digit(keys[j], shift - kRadixBits), match);
-      kept += match;
-    }
-    merge_counts(histogram);
-    for (shift -= kRadixBits; shift >= 0; shift -= kRadixBits) {
-      digit = radix_pick(histogram, rank);
-      prefix |= static_cast<key_t>(digit) << shift;
-      if (shift == 0) break;
-      clear_counts();
-      int64_t survivors = 0;
-      for (int64_t i = 0; i < kept; ++i) {
-        const key_t key = keys_[i];
-        const bool match = radix_digit(key, shift) == digit;
-        keys_[survivors] = key;
-        index_[survivors] = index_[i];
-        count_digit(i, radix_digit(key, shift - kRadixBits), match);
-        survivors += match;
+    const int64_t want = std::max<int64_t>(k, 0);
+    threshold = neg_infinity<acc_t>();
+    cutoff = -1;
+    if (want == 0) return;
+    // Keys are compared shifted down by one: kExcludedKey (0) wraps to the largest key, which is
+    // never below a bound, so exclusion costs nothing in the scan.
+    const int64_t capacity = want + std::max<int64_t>(2 * want, 64);
+    buffer_.resize(capacity + kBlock);  // a block's unconditional stores past a nearly full buffer
+    key_t bound = ~key_t(0);           // every member enters until `want` are kept
+    int64_t size = 0;
+    for (int64_t begin = 0; begin < count; begin += kBlock) {
+      const int64_t n = std::min(kBlock, count - begin);
+      if (n == kBlock && !any_below(keys + begin, bound)) continue;
+      for (int64_t j = begin; j < begin + n; ++j) {
+        const key_t shifted = keys[j] - key_t(1);
+        buffer_[size] = entry(shifted, j);
+        size += shifted < bound;
       }
-      merge_counts(histogram);
-      kept = survivors;
-    }
-    // the members equal to the threshold key are the survivors of the last pass with that last
-    // digit, in j order; `rank` counts among them
-    for (int64_t i = 0; i < kept; ++i) {
-      if (keys_[i] == prefix && --rank == 0) {
-        cutoff = index_[i];
-        break;
+      if (size >= capacity) {
+        keep_lowest(size, want);
+        size = want;
+        bound = shifted_of(buffer_[want - 1]);
       }
     }
-    threshold = key_to_score<acc_t>(prefix);
+    const int64_t rank = std::min(want, size);  // size < want: every member is in the buffer
+    if (rank == 0) return;
+    keep_lowest(size, rank);
+    threshold = key_to_score<acc_t>(shifted_of(buffer_[rank - 1]) + key_t(1));
+    cutoff = j_of(buffer_[rank - 1]);
   }
 
  private:
-  // Rows up to this long select directly: the radix passes clear and merge 256-digit histograms
-  // several times per row, which costs more than the row itself for a few sampled candidates.
-  static constexpr int64_t kShortRow = 64;
+  static constexpr int64_t kBlock = 16;
 
-  // select() on a short row: the k-th lowest (key, j) pair is the threshold key and the cutoff.
-  void select_short(const key_t* keys, int64_t count, int64_t k, acc_t& threshold, int64_t& cutoff) {
-    pairs_.clear();
-    for (int64_t j = 0; j < count; ++j) {
-      if (keys[j] != key_t(kExcludedKey)) pairs_.emplace_back(keys[j], j);
+  // A member's (key - 1, j), ordered lexicographically.  Float keys and j (< 2^31, see
+  // prepare_row_inputs) pack into one 64-bit integer, so the selections compare plain integers;
+  // double keys keep a pair.
+  struct Pair {
+    key_t shifted;
+    int64_t j;
+    bool operator<(const Pair& other) const {
+      return shifted < other.shifted || (shifted == other.shifted && j < other.j);
     }
-    const int64_t rank = std::min(std::max<int64_t>(k, 0), static_cast<int64_t>(pairs_.size()));
-    if (rank == 0) {
-      threshold = neg_infinity<acc_t>();
-      cutoff = -1;
-      return;
+  };
+  static constexpr bool kPacked = sizeof(key_t) == 4;
+  using Entry = std::conditional_t<kPacked, uint64_t, Pair>;
+
+  static Entry entry(key_t shifted, int64_t j) {
+    if constexpr (kPacked) {
+      return (uint64_t{shifted} << 32) | static_cast<uint32_t>(j);
+    } else {
+      return Pair{shifted, j};
     }
-    std::nth_element(pairs_.begin(), pairs_.begin() + (rank - 1), pairs_.end());
-    threshold = key_to_score<acc_t>(pairs_[rank - 1].first);
-    cutoff = pairs_[rank - 1].second;
+  }
+  static key_t shifted_of(const Entry& e) {
+    if constexpr (kPacked) {
+      return static_cast<key_t>(e >> 32);
+    } else {
+      return e.shifted;
+    }
+  }
+  static int64_t j_of(const Entry& e) {
+    if constexpr (kPacked) {
+      return static_cast<int64_t>(e & 0xFFFFFFFFu);
+    } else {
+      return e.j;
+    }
   }
 
-  // Digit counts in kCopies interleaved histograms (element i counts in copy i % kCopies): keys
-  // cluster in few digits, and consecutive increments of one counter would wait on each other's
-  // store; separate copies keep several increments in flight.
-  static constexpr int kCopies = 4;
-
-  void clear_counts() { std::fill(&counts_[0][0], &counts_[0][0] + kCopies * kRadixSize, int32_t{0}); }
-
-  void count_digit(int64_t i, int digit, bool weight) { counts_[i % kCopies][digit] += weight; }
-
-  // histogram[digit] = the counts of every copy; returns their total.
-  int64_t merge_counts(int64_t* histogram) const {
-    int64_t total = 0;
-    for (int digit = 0; digit < kRadixSize; ++digit) {
-      int64_t sum = 0;
-      for (int copy = 0; copy < kCopies; ++copy) sum += counts_[copy][digit];
-      histogram[digit] = sum;
-      total += sum;
-    }
-    return total;
+  // Whether any of keys[0, kBlock) - 1 is below `bound`.
+  static bool any_below(const key_t* keys, key_t bound) {
+    bool any = false;
+    for (int64_t i = 0; i < kBlock; ++i) any |= key_t(keys[i] - key_t(1)) < bound;
+    return any;
   }
 
-  int32_t counts_[kCopies][kRadixSize];
-  std::vector<key_t> keys_;     // candidates still matching the chosen digits
-  std::vector<int64_t> index_;  // their j
-  std::vector<std::pair<key_t, int64_t>> pairs_;  // select_short's (key, j) of the members
+  // buffer_[0, rank) become the rank lowest of buffer_[0, size), the rank-th lowest last.  A
+  // quickselect whose partition has no data-dependent branch (std::nth_element's mispredicted
+  // compares cost more than the whole scan): element i swaps with the first element not below
+  // the pivot, and that boundary advances by the comparison's result.
+  void keep_lowest(int64_t size, int64_t rank) {
+    Entry* a = buffer_.data();
+    const int64_t target = rank - 1;
+    int64_t lo = 0, hi = size;  // target is in [lo, hi)
+    while (hi - lo > 16) {
+      const int64_t mid = lo + (hi - lo) / 2, last = hi - 1;
+      // the median of the first, middle and last elements, moved to the end as the pivot
+      if (a[mid] < a[lo]) std::swap(a[mid], a[lo]);
+      if (a[last] < a[lo]) std::swap(a[last], a[lo]);
+      if (a[mid] < a[last]) std::swap(a[mid], a[last]);
+      const Entry pivot = a[last];
+      int64_t boundary = lo;
+      for (int64_t i = lo; i < last; ++i) {
+        const Entry e = a[i];
+        const bool below = e < pivot;
+        a[i] = a[boundary];
+        a[boundary] = e;
+        boundary += below;
+      }
+      std::swap(a[boundary], a[last]);
+      if (boundary == target) return;
+      if (target < boundary) {
+        hi = boundary;
+      } else {
+        lo = boundary + 1;
+      }
+    }
+    for (int64_t i = lo + 1; i < hi; ++i) {  // insertion sort of the last few
+      const Entry e = a[i];
+      int64_t at = i;
+      for (; at > lo && e < a[at - 1]; --at) a[at] = a[at - 1];
+      a[at] = e;
+    }
+  }
+
+  std::vector<Entry> buffer_;
 };
 
 }  // namespace pnn_fast

@@ -45,6 +45,34 @@ def test_class_centroids_selection_state_reproduces_the_selection(device, per_ro
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("order", ["descending", "ascending", "random"])
+def test_class_centroids_selection_state_on_long_rows(device, dtype, order):
+    """Rows of 1,200 shared candidates whose scores fall, rise or wander along the list: the CPU
+    selection buffers every member below its bound and re-selects whenever the buffer fills, which
+    falling scores do after every few candidates.  Grid inputs, so ties at the threshold are common
+    and must go to the smallest index; k from 0 to past |U_b|; float keys (packed with the index)
+    and double keys (kept apart)."""
+    batch = make_batch(1200, 5, dtype=dtype, grid=True, num_items=900, known_per_user=40, seed=4, device=device)
+    # one user vector for every row, so that one order of the list orders each row's scores
+    batch["user_emb"] = batch["user_emb"][:1].expand(1200, -1).contiguous()
+    scores = batch["item_table"][batch["pos_items"]] @ batch["user_emb"][0]
+    if order != "random":
+        perm = torch.sort(scores.cpu(), descending=order == "descending", stable=True).indices.to(device)
+        for name in ("users", "pos_items", "noise_pos", "noise_neg"):
+            batch[name] = batch[name][perm]
+        batch["candidates"] = batch["pos_items"]
+    k = torch.tensor([0, 1, 2, 7, 63, 64, 65, 200, 1100, 1300] * 120, device=device)
+    *_, threshold, cutoff, _ = ops.class_centroids(*row_args(batch), k)
+    scores, unlabeled, negative = reference_classes(batch, k)
+    assert negative.sum(1).eq(torch.minimum(k, unlabeled.sum(1))).all()
+    index = torch.arange(1200, device=device)
+    from_state = unlabeled & (cutoff[:, None] >= 0) & (
+        (scores < threshold[:, None]) | ((scores == threshold[:, None]) & (index <= cutoff[:, None])))
+    assert torch.equal(from_state, negative)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_class_centroids_are_class_means(device):
     batch = make_batch(80, 6, per_row=11, dtype=torch.float32, num_items=40, seed=3, device=device)
     k = torch.randint(0, 12, (80,), generator=torch.Generator().manual_seed(1)).to(device)
