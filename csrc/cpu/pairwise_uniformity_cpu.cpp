@@ -73,13 +73,17 @@ std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cpu(const at::Tensor&
       const auto block_lse = [&](int64_t block) {
         const int64_t i0 = block * kBlockRows, rows = std::min(kBlockRows, n - i0);
         block_distances(tiles, p, d, i0, rows, i0 + 1, logits, xi);
+        // only the columns j > i0 enter the log-sum-exp: the pairs j <= i left in them are the
+        // block's own triangle, set to -inf (a whole row prefix of -inf would send most of the
+        // exponentials down the vector exp's slow path for special values)
         acc_t* l = logits.data_ptr<acc_t>();
         for (int64_t r = 0; r < rows; ++r) {
           acc_t* row = l + r * logits.size(1);
-          std::fill(row, row + i0 + r + 1, neg_infinity<acc_t>());  // the pairs j <= i
+          std::fill(row + i0 + 1, row + i0 + r + 1, neg_infinity<acc_t>());
           for (int64_t j = i0 + r + 1; j < n; ++j) row[j] *= neg_t;
         }
-        row_lse.narrow(0, i0, rows).copy_(at::logsumexp(logits.narrow(0, 0, rows).narrow(1, 0, n), {1}));
+        const at::Tensor pairs = logits.narrow(0, 0, rows).narrow(1, i0 + 1, n - i0 - 1);
+        row_lse.narrow(0, i0, rows).copy_(at::logsumexp(pairs, {1}));
       };
       for (int64_t task = begin; task < end; ++task) {
         block_lse(task);
