@@ -9,12 +9,27 @@
 
 #ifdef TORCH_EXTENSION_NAME
 // Built as the Python module pnn_fast._C (torch.utils.cpp_extension defines TORCH_EXTENSION_NAME):
-// an empty module whose import runs the registrations below.  Plain C API only, so the
-// extension can be built against the limited API (one abi3 wheel for every Python).
+// a module whose import runs the registrations below, with one function, simd_level.  Plain C API
+// only, so the extension can be built against the limited API (one abi3 wheel for every Python).
 #include <Python.h>
 
+#include "cpu/simd.h"
+
+namespace {
+// pnn_fast._C.simd_level(): the instruction set the CPU kernels run with ("avx512", "avx2" or
+// "baseline"), for the benchmarks' reports and the variant tests.
+PyObject* simd_level_name(PyObject*, PyObject*) {
+  static const char* const names[] = {"baseline", "avx2", "avx512"};
+  return PyUnicode_FromString(names[pnn_fast::simd_level()]);
+}
+
+PyMethodDef module_methods[] = {
+    {"simd_level", simd_level_name, METH_NOARGS, "The instruction set of the CPU kernels."},
+    {nullptr, nullptr, 0, nullptr}};
+}  // namespace
+
 extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, module_methods};
   return PyModule_Create(&module_def);
 }
 #endif

@@ -57,6 +57,16 @@ def build_info() -> dict:
     return dict(_INFO)
 
 
+def cpu_simd_level() -> str | None:
+    """The instruction set the CPU kernels run with: ``"avx512"``, ``"avx2"`` or ``"baseline"`` (the
+    build's own), None when ``_C`` is not compiled.  It is the CPU's widest, capped by the environment
+    variable ``PNN_FAST_SIMD_LEVEL`` (``avx2`` or ``baseline``); every level gives the same bits."""
+    if not _INFO["compiled"]:
+        return None
+    from . import _C
+    return _C.simd_level()
+
+
 def has_kernels(device_type: str) -> bool:
     """Whether fused kernels exist for ``device_type`` ("cpu" or "cuda")."""
     if not _INFO["compiled"]:

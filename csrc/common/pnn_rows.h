@@ -595,6 +595,7 @@ struct Row {
   int64_t pos_item;
   int64_t dim;
 
+  Row() = default;  // an empty view, assigned before use
   PNN_HD Row(const RowBatch<scalar_t>& batch, int64_t b)
       : user(batch.user_emb + b * batch.dim),
         item_table(batch.item_table),

@@ -81,8 +81,7 @@ class_centroids_fwd_cpu(const at::Tensor& user_emb, const at::Tensor& item_table
       std::vector<acc_t> sums(3 * d);  // indexed by RowClass; slot kNotUnlabeled is unused
       std::vector<int64_t> members;
       for (int64_t b = begin; b < end; ++b) {
-        const Row<scalar_t, acc_t> row(batch, b);
-        scan.load(row);
+        const Row<scalar_t, acc_t>& row = scan.load(b, end);
         int64_t num_unlabeled = 0;
         std::tie(hard_out[b], num_unlabeled) = scan.hard_negative();
         bottom.select(scan.keys(), count, k_ptr[b], threshold_out[b], cutoff_out[b]);
@@ -176,7 +175,7 @@ at::Tensor class_centroids_bwd_cpu(const at::Tensor& grad_neutral, const at::Ten
         std::vector<acc_t> delta(d);
         std::vector<int64_t> members;
         for (int64_t b = begin; b < end; ++b) {
-          scan.load(Row<scalar_t, acc_t>(batch, b));
+          scan.load(b, end);
           const auto threshold_key = order_key(threshold_ptr[b]);
           const RowPlan plan = plan_row(true, count, count_ptr[kNeutral][b], count_ptr[kNegative][b]);
           const acc_t* larger = grad_ptr[plan.larger] + b * d;

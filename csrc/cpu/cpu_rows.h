@@ -139,33 +139,43 @@ class RowScan {
 
   explicit RowScan(const CandidateSet<scalar_t, acc_t>& set) : set_(set) {}
 
-  void load(const Row<scalar_t, acc_t>& row) {
-    const int64_t count = set_.batch.num_candidates;
-    const TiledVectors<acc_t>* tiles = &set_.tiles;
-    if (!set_.shared) {
-      own_tiles_.load(row.item_table, row.candidates, count, row.dim);
-      tiles = &own_tiles_;
+  // Loads row b of the batch and returns its view.  Rows b to task_end - 1 are the caller's next
+  // ones: with a shared list their scores are computed kScoredAhead rows at a time, in one pass
+  // over the candidate tiles (TiledVectors::lane_sums_rows, the same values as one row at a time).
+  const Row<scalar_t, acc_t>& load(int64_t b, int64_t task_end) {
+    const RowBatch<scalar_t>& batch = set_.batch;
+    const int64_t count = batch.num_candidates, d = batch.dim;
+    row_ = Row<scalar_t, acc_t>(batch, b);
+    const acc_t* scores;
+    if (set_.shared) {
+      if (b < ahead_begin_ || b >= ahead_end_) score_ahead(b, std::min(task_end, b + kScoredAhead));
+      scores = ahead_scores_.data() + (b - ahead_begin_) * set_.tiles.padded_count();
+    } else {
+      own_tiles_.load(row_.item_table, row_.candidates, count, d);
+      to_acc(row_.user, d, user_);
+      ahead_scores_.resize(own_tiles_.padded_count());
+      own_tiles_.lane_sums(user_.data(), DotTerm{}, ahead_scores_.data());
+      scores = ahead_scores_.data();
     }
-    to_acc(row.user, row.dim, user_);
-    scores_.resize(tiles->padded_count());
-    tiles->lane_sums(user_.data(), DotTerm{}, scores_.data());
+    scores_ = scores;
     keys_.resize(count);
-    for (int64_t j = 0; j < count; ++j) keys_[j] = order_key(scores_[j]);  // vectorised: no branch
+    for (int64_t j = 0; j < count; ++j) keys_[j] = order_key(scores[j]);  // vectorised: no branch
     labeled_.clear();
     if (set_.shared) {
-      set_.for_each_labeled(row, [&](int64_t j) {
+      set_.for_each_labeled(row_, [&](int64_t j) {
         keys_[j] = key_t(kExcludedKey);
         labeled_.push_back(j);
       });
     } else {
       flags_.resize(count);
-      unlabeled_flags(row, row.candidates, count, flags_.data());
+      unlabeled_flags(row_, row_.candidates, count, flags_.data());
       for (int64_t j = 0; j < count; ++j) keys_[j] = flags_[j] ? keys_[j] : key_t(kExcludedKey);
     }
+    return row_;
   }
 
   int64_t count() const { return static_cast<int64_t>(keys_.size()); }
-  const acc_t* scores() const { return scores_.data(); }
+  const acc_t* scores() const { return scores_; }
   // order_key of s_j for members of U_b, kExcludedKey for the others (as Row::key).
   const key_t* keys() const { return keys_.data(); }
 
@@ -216,10 +226,35 @@ class RowScan {
   }
 
  private:
+  // Rows scored per pass over a shared list's tiles: a multiple of every row group of
+  // tile_chains_rows_dispatch, and few enough that their scores stay in cache ([8, C] acc_t).
+  static constexpr int64_t kScoredAhead = 8;
+
+  // Scores of rows [begin, end) of a shared list, row r at ahead_scores_[(r - begin) * padded C].
+  void score_ahead(int64_t begin, int64_t end) {
+    const RowBatch<scalar_t>& batch = set_.batch;
+    const int64_t rows = end - begin, d = batch.dim, padded = set_.tiles.padded_count();
+    user_.resize(rows * d);
+    ahead_scores_.resize(rows * padded);
+    const acc_t* users[kScoredAhead];
+    acc_t* outs[kScoredAhead];
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < d; ++k) user_[r * d + k] = acc_t(batch.user_emb[(begin + r) * d + k]);
+      users[r] = user_.data() + r * d;
+      outs[r] = ahead_scores_.data() + r * padded;
+    }
+    set_.tiles.lane_sums_rows(users, rows, DotTerm{}, outs);
+    ahead_begin_ = begin;
+    ahead_end_ = end;
+  }
+
   const CandidateSet<scalar_t, acc_t>& set_;
+  Row<scalar_t, acc_t> row_;
   TiledVectors<acc_t> own_tiles_;
   std::vector<acc_t> user_;
-  std::vector<acc_t> scores_;
+  std::vector<acc_t> ahead_scores_;  // [rows, padded C]: the rows scored ahead (one row for per-row lists)
+  int64_t ahead_begin_ = 0, ahead_end_ = 0;
+  const acc_t* scores_ = nullptr;    // the loaded row's scores, in ahead_scores_
   std::vector<key_t> keys_;
   std::vector<int64_t> labeled_;
   std::vector<uint8_t> flags_;  // scratch of load() and members()

@@ -34,7 +34,7 @@ std::tuple<at::Tensor, at::Tensor> hard_negative_argmax_cpu(const at::Tensor& us
     at::parallel_for(0, in.rows, row_grain(in.num_candidates, in.dim), [&](int64_t begin, int64_t end) {
       RowScan<scalar_t, acc_t> scan(set);
       for (int64_t b = begin; b < end; ++b) {
-        scan.load(Row<scalar_t, acc_t>(batch, b));
+        scan.load(b, end);
         std::tie(hard_out[b], count_out[b]) = scan.hard_negative();
       }
     });

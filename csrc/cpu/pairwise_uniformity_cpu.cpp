@@ -41,15 +41,21 @@ void parallel_blocks(int64_t tasks, const Body& body) {
 }
 
 // Squared distances of points [i0, i0 + rows) to the points j >= first (earlier columns are
-// left unspecified): row r of `dist`, a [kBlockRows, padded n] acc_t tensor.
+// left unspecified): row r of `dist`, a [kBlockRows, padded n] acc_t tensor.  The block's rows
+// share each pass over the tiles.
 template <typename scalar_t, typename acc_t>
 void block_distances(const TiledVectors<acc_t>& tiles, const scalar_t* points, int64_t d, int64_t i0, int64_t rows,
                      int64_t first, at::Tensor& dist, std::vector<acc_t>& xi) {
   acc_t* out = dist.data_ptr<acc_t>();
+  xi.resize(rows * d);
+  const acc_t* row_points[kBlockRows];
+  acc_t* row_out[kBlockRows];
   for (int64_t r = 0; r < rows; ++r) {
-    to_acc(points + (i0 + r) * d, d, xi);
-    tiles.lane_sums(xi.data(), SquaredDiffTerm{}, out + r * dist.size(1), first);
+    for (int64_t k = 0; k < d; ++k) xi[r * d + k] = acc_t(points[(i0 + r) * d + k]);
+    row_points[r] = xi.data() + r * d;
+    row_out[r] = out + r * dist.size(1);
   }
+  tiles.lane_sums_rows(row_points, rows, SquaredDiffTerm{}, row_out, first);
 }
 
 std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cpu(const at::Tensor& x, double t) {
@@ -106,31 +112,50 @@ at::Tensor pairwise_uniformity_bwd_cpu(const at::Tensor& grad, const at::Tensor&
   if (n < 2) return at::zeros_like(x);
   // d loss / d x_i = -4 t sum_{j != i} w_ij (x_i - x_j), w_ij = exp(l_ij - L): l_ij appears
   // in the ordered pairs (i, j) and (j, i), and d ||x_i - x_j||^2 / d x_i = 2 (x_i - x_j).
-  // Per block: grad_i = scale (x_i sum_j w_ij - (W X)_i).
+  // So grad_i = scale (x_i sum_j w_ij - (W X)_i).  W is symmetric, so each unordered pair is
+  // weighed once, as in the forward: block I takes the columns j >= i0 (its own diagonal block
+  // whole), adds W X to its rows and W^T X_I to the later columns.  Those rows belong to other
+  // blocks, so each thread adds into its own [n, d] sums and [n] weight totals, added up at the
+  // end (in thread order: the same bits for a given thread count).
   const double total_lse = total.item<double>();
   const double scale = grad.item<double>() * -4.0 * t;
   const at::ScalarType acc_dtype = opmath_dtype(x.scalar_type());
   const at::Tensor x_acc = points.to(acc_dtype).contiguous();
-  at::Tensor grad_x = at::empty({n, d}, x_acc.options());
+  const int64_t threads = at::get_num_threads();
+  at::Tensor weighted = at::zeros({threads, n, d}, x_acc.options());
+  at::Tensor weight_totals = at::zeros({threads, n}, x_acc.options());
+  const int64_t blocks = (n + kBlockRows - 1) / kBlockRows;
   PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityBwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* p = points.data_ptr<scalar_t>();
     TiledVectors<acc_t> tiles;
     tiles.load(p, nullptr, n, d);
-    parallel_blocks((n + kBlockRows - 1) / kBlockRows, [&](int64_t begin, int64_t end) {
+    // task p takes blocks p and blocks-1-p, whose column counts add up to about the same
+    parallel_blocks((blocks + 1) / 2, [&](int64_t begin, int64_t end) {
       at::Tensor weights = at::empty({kBlockRows, tiles.padded_count()}, x_acc.options());
+      const at::Tensor my_weighted = weighted[at::get_thread_num()];
+      const at::Tensor my_totals = weight_totals[at::get_thread_num()];
       std::vector<acc_t> xi;
-      for (int64_t block = begin; block < end; ++block) {
-        const int64_t i0 = block * kBlockRows, rows = std::min(kBlockRows, n - i0);
-        block_distances(tiles, p, d, i0, rows, 0, weights, xi);
-        at::Tensor w = weights.narrow(0, 0, rows).narrow(1, 0, n);
+      const auto block_grad = [&](int64_t block) {
+        const int64_t i0 = block * kBlockRows, rows = std::min(kBlockRows, n - i0), later = n - i0 - rows;
+        block_distances(tiles, p, d, i0, rows, i0, weights, xi);
+        at::Tensor w = weights.narrow(0, 0, rows).narrow(1, i0, n - i0);
         w.mul_(-t).sub_(total_lse).exp_();
-        w.narrow(1, i0, rows).fill_diagonal_(0);
-        const at::Tensor x_block = x_acc.narrow(0, i0, rows);
-        grad_x.narrow(0, i0, rows).copy_((x_block * w.sum(1, true) - at::mm(w, x_acc)).mul_(scale));
+        w.narrow(1, 0, rows).fill_diagonal_(0);
+        my_weighted.narrow(0, i0, rows).addmm_(w, x_acc.narrow(0, i0, n - i0));
+        my_totals.narrow(0, i0, rows).add_(w.sum(1));
+        if (later == 0) return;
+        const at::Tensor w_later = w.narrow(1, rows, later);
+        my_weighted.narrow(0, i0 + rows, later).addmm_(w_later.t(), x_acc.narrow(0, i0, rows));
+        my_totals.narrow(0, i0 + rows, later).add_(w_later.sum(0));
+      };
+      for (int64_t task = begin; task < end; ++task) {
+        block_grad(task);
+        if (blocks - 1 - task != task) block_grad(blocks - 1 - task);
       }
     });
   });
+  const at::Tensor grad_x = (x_acc * weight_totals.sum(0).unsqueeze(1) - weighted.sum(0)).mul_(scale);
   return grad_x.to(x.scalar_type());
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -25,6 +26,28 @@
 #endif
 
 namespace pnn_fast {
+
+// The widest instruction set the CPU kernels use: the CPU's, capped by the environment variable
+// PNN_FAST_SIMD_LEVEL ("avx2" or "baseline", the build's own), so that one machine can run every
+// variant (tests/test_simd_variants.py compares their bits).  ATEN_CPU_CAPABILITY would also switch
+// ATen's own kernels, whose reductions then round differently.  Read once.
+enum SimdLevel : int { kSimdBaseline = 0, kSimdAvx2 = 1, kSimdAvx512 = 2 };
+
+inline SimdLevel simd_level() {
+  static const SimdLevel level = [] {
+    SimdLevel found = kSimdBaseline;
+#ifdef PNN_SIMD_AVX2_DISPATCH
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      found = __builtin_cpu_supports("avx512f") ? kSimdAvx512 : kSimdAvx2;
+    }
+#endif
+    const char* cap = std::getenv("PNN_FAST_SIMD_LEVEL");
+    if (cap != nullptr && std::strcmp(cap, "baseline") == 0) found = kSimdBaseline;
+    if (cap != nullptr && std::strcmp(cap, "avx2") == 0) found = std::min(found, kSimdAvx2);
+    return found;
+  }();
+  return level;
+}
 
 // Vectors per tile (lanes evaluated together): 8 independent AVX2 accumulators, enough chains
 // in flight to keep both FMA ports busy despite the 4-cycle latency of each step.
@@ -48,6 +71,9 @@ struct VectorFma {
 #ifdef PNN_SIMD_AVX2_DISPATCH
       if constexpr (kBytes == 32 && sizeof(lane_t) == 4) return __builtin_ia32_vfmaddps256(a, b, c);
       if constexpr (kBytes == 32 && sizeof(lane_t) == 8) return __builtin_ia32_vfmaddpd256(a, b, c);
+      // all lanes (mask of ones), the current rounding mode (_MM_FROUND_CUR_DIRECTION)
+      if constexpr (kBytes == 64 && sizeof(lane_t) == 4) return __builtin_ia32_vfmaddps512_mask(a, b, c, 0xFFFF, 4);
+      if constexpr (kBytes == 64 && sizeof(lane_t) == 8) return __builtin_ia32_vfmaddpd512_mask(a, b, c, 0xFF, 4);
 #endif
       for (int lane = 0; lane < kBytes / static_cast<int>(sizeof(lane_t)); ++lane) a[lane] = std::fma(a[lane], b[lane], c[lane]);
       return a;
@@ -102,14 +128,88 @@ void tile_chains_dispatch(const acc_t* a, const acc_t* tiles, int64_t d, int64_t
                           Term term, acc_t* out) {
   if (tile_begin >= tile_end) return;
 #ifdef PNN_SIMD_AVX2_DISPATCH
-  static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (has_avx2) return tile_chains_avx2<kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
+  if (simd_level() >= kSimdAvx2) return tile_chains_avx2<kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
 #endif
 #ifdef PNN_SIMD_VECTORS
   tile_chains<16, kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
 #else
   tile_chains<sizeof(acc_t), kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
 #endif
+}
+
+// tile_chains for kRows vectors a[0, kRows) at once, into out[0, kRows): each tile value loaded
+// serves every row, so the tiles stream from cache kRows times less often (one row at a time, the
+// loads, not the multiply-adds, bound the chains).  A pass covers kVecs vectors of lanes of a
+// tile, kRows * kVecs accumulators in registers.  Every lane runs the chain of tile_chains, so the
+// results are the same bits.
+template <int kBytes, int64_t kRows, int64_t kVecs, typename acc_t, typename Term>
+PNN_ALWAYS_INLINE void tile_chains_rows(const acc_t* const* a, const acc_t* tiles, int64_t d, int64_t tile_begin,
+                                        int64_t tile_end, Term term, acc_t* const* out) {
+#ifdef PNN_SIMD_VECTORS
+  typedef acc_t vec __attribute__((vector_size(kBytes)));
+  constexpr int64_t width = kBytes / static_cast<int64_t>(sizeof(acc_t));
+  constexpr int64_t pass_lanes = kVecs * width;
+  static_assert(kTile % pass_lanes == 0, "whole passes of a tile");
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    for (int64_t lane0 = 0; lane0 < kTile; lane0 += pass_lanes) {
+      const acc_t* t = tiles + tile * d * kTile + lane0;
+      vec acc[kRows][kVecs] = {};
+      for (int64_t k = 0; k < d; ++k) {
+        vec ak[kRows];
+        for (int64_t r = 0; r < kRows; ++r) {
+          ak[r] = vec{};
+          ak[r] += a[r][k];  // broadcast
+        }
+        for (int64_t q = 0; q < kVecs; ++q) {
+          vec x;
+          std::memcpy(&x, t + k * kTile + q * width, sizeof x);
+          for (int64_t r = 0; r < kRows; ++r) acc[r][q] = term(ak[r], x, acc[r][q], VectorFma<kBytes>{});
+        }
+      }
+      for (int64_t r = 0; r < kRows; ++r) std::memcpy(out[r] + tile * kTile + lane0, acc[r], sizeof acc[r]);
+    }
+  }
+#endif
+}
+
+#ifdef PNN_SIMD_AVX2_DISPATCH
+// 32 registers of 64 bytes: 4 rows x 4 vectors of accumulators
+template <typename acc_t, typename Term>
+__attribute__((target("avx512f"))) void tile_chains_rows_avx512(const acc_t* const* a, const acc_t* tiles, int64_t d,
+                                                               int64_t tile_begin, int64_t tile_end, Term term,
+                                                               acc_t* const* out) {
+  tile_chains_rows<64, 4, 4>(a, tiles, d, tile_begin, tile_end, term, out);
+}
+
+// 16 registers of 32 bytes: 2 rows x 4 vectors
+template <typename acc_t, typename Term>
+__attribute__((target("avx2,fma"))) void tile_chains_rows_avx2(const acc_t* const* a, const acc_t* tiles, int64_t d,
+                                                              int64_t tile_begin, int64_t tile_end, Term term,
+                                                              acc_t* const* out) {
+  tile_chains_rows<32, 2, 4>(a, tiles, d, tile_begin, tile_end, term, out);
+}
+#endif
+
+// tile_chains_rows over the first rows of a[0, rows) in groups of the widest instruction set's row
+// count; returns how many rows it did (the rest, fewer than a group, are left to tile_chains).
+template <typename acc_t, typename Term>
+int64_t tile_chains_rows_dispatch(const acc_t* const* a, int64_t rows, const acc_t* tiles, int64_t d,
+                                  int64_t tile_begin, int64_t tile_end, Term term, acc_t* const* out) {
+  int64_t r = 0;
+#ifdef PNN_SIMD_AVX2_DISPATCH
+  if (simd_level() == kSimdAvx512) {
+    for (; r + 4 <= rows; r += 4) tile_chains_rows_avx512(a + r, tiles, d, tile_begin, tile_end, term, out + r);
+    return r;
+  }
+  if (simd_level() == kSimdAvx2) {
+    for (; r + 2 <= rows; r += 2) tile_chains_rows_avx2(a + r, tiles, d, tile_begin, tile_end, term, out + r);
+    return r;
+  }
+#endif
+#ifdef PNN_SIMD_VECTORS
+  for (; r + 2 <= rows; r += 2) tile_chains_rows<16, 2, 4>(a + r, tiles, d, tile_begin, tile_end, term, out + r);
+#endif
+  return r;
 }
 
 // Runs body(), compiled for AVX2 on CPUs that have it and for the build's baseline (SSE2 on x86-64)
@@ -133,8 +233,7 @@ __attribute__((target("avx2"))) void run_avx2(const Body& body) {
 template <typename Body>
 void run_widest(const Body& body) {
 #ifdef PNN_SIMD_AVX2_DISPATCH
-  static const bool has_avx2 = __builtin_cpu_supports("avx2");
-  if (has_avx2) return run_avx2(body);
+  if (simd_level() >= kSimdAvx2) return run_avx2(body);
 #endif
   body();
 }
@@ -177,6 +276,18 @@ class TiledVectors {
     const int64_t full = tiles_ - (short_last_ ? 1 : 0);
     tile_chains_dispatch<kTile>(a, data_.data(), dim_, first / kTile, full, term, out);
     if (short_last_) tile_chains_dispatch<kShortLanes>(a, data_.data(), dim_, tiles_ - 1, tiles_, term, out);
+  }
+
+  // lane_sums for each of rows vectors a[r], into out[r]: the same values, several rows per pass
+  // over the tiles (tile_chains_rows).
+  template <typename Term>
+  void lane_sums_rows(const acc_t* const* a, int64_t rows, Term term, acc_t* const* out, int64_t first = 0) const {
+    const int64_t full = tiles_ - (short_last_ ? 1 : 0), tile_begin = first / kTile;
+    int64_t r = 0;
+    if (tile_begin < full) r = tile_chains_rows_dispatch(a, rows, data_.data(), dim_, tile_begin, full, term, out);
+    for (; r < rows; ++r) tile_chains_dispatch<kTile>(a[r], data_.data(), dim_, tile_begin, full, term, out[r]);
+    if (!short_last_) return;
+    for (r = 0; r < rows; ++r) tile_chains_dispatch<kShortLanes>(a[r], data_.data(), dim_, tiles_ - 1, tiles_, term, out[r]);
   }
 
  private:
