@@ -3,9 +3,10 @@
 // Vectors are stored transposed in tiles of kTile, so one SIMD register holds element k of
 // several vectors and each lane runs exactly the scalar chain acc = term(a_k, v_k, acc), one
 // fused multiply-add per step as on CUDA: the result does not depend on the lane, the tile, the
-// instruction set or the backend, only the speed does.  x86-64 builds pick AVX2 + FMA at run
-// time when the CPU has them; everything else uses 16-byte vectors with a per-lane std::fma
-// (one instruction on AArch64; a slow but exact library call on x86 without FMA).
+// instruction set or the backend, only the speed does.  x86-64 builds pick AVX-512 (for several
+// query vectors per pass) or AVX2 + FMA at run time when the CPU has them (simd_level); everything
+// else uses 16-byte vectors with a per-lane std::fma (one instruction on AArch64; a slow but exact
+// library call on x86 without FMA).
 #pragma once
 
 #include <algorithm>
