@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -264,11 +265,12 @@ class RowScan {
 // the admission bound are appended to a buffer; a full buffer keeps its k lowest (key, j) pairs and
 // lowers the bound to the k-th of them.  Candidates come in increasing j, so a later one whose key
 // equals the bound ranks above all k kept pairs: "key below the bound" is the whole test, and a
-// block of kBlock keys is tested at once, in one loop the compiler vectorises.  In random order a
-// few times k members are buffered, and a row of 2,048 is re-selected two or three times (the CPU
-// radix select this replaced made two or more passes over the row and merged four 256-bin
-// histograms per digit: 38% of class_centroids' in-batch forward).  The CUDA kernel keeps its
-// radix select: the same (threshold, cutoff), a different route.
+// block of kBlock keys is tested at once, in one loop the compiler vectorises.  A long row's first
+// bound comes from a sample of its keys, so that little more than k members are buffered (from no
+// bound, a row of 2,048 was re-selected two or three times).  The CPU radix select this replaced
+// made two or more passes over the row and merged four 256-bin histograms per digit: 38% of
+// class_centroids' in-batch forward.  The CUDA kernel keeps its radix select: the same
+// (threshold, cutoff), a different route.
 template <typename acc_t>
 class BottomK {
  public:
@@ -285,7 +287,28 @@ class BottomK {
     // never below a bound, so exclusion costs nothing in the scan.
     const int64_t capacity = want + std::max<int64_t>(2 * want, 64);
     buffer_.resize(capacity + kBlock);  // a block's unconditional stores past a nearly full buffer
-    key_t bound = ~key_t(0);           // every member enters until `want` are kept
+    // A long row starts from a bound taken from a sample of its keys, so that the scan buffers
+    // little more than the k lowest and rarely re-selects.  Fewer than k members below it (a
+    // sample that ran low) means the scan is redone from no bound (every member enters).
+    key_t bound = count >= kSampledRow ? sampled_bound(keys, count, want) : ~key_t(0);
+    int64_t size = scan(keys, count, want, capacity, bound);
+    if (size < want && bound != ~key_t(0)) size = scan(keys, count, want, capacity, ~key_t(0));
+    const int64_t rank = std::min(want, size);  // size < want: every member is in the buffer
+    if (rank == 0) return;
+    select_lowest(buffer_.data(), size, rank);
+    threshold = key_to_score<acc_t>(shifted_of(buffer_[rank - 1]) + key_t(1));
+    cutoff = j_of(buffer_[rank - 1]);
+  }
+
+ private:
+  static constexpr int64_t kBlock = 16;
+  // Rows from this long start from a sampled bound; every kSampleStride-th key is sampled.
+  static constexpr int64_t kSampledRow = 256;
+  static constexpr int64_t kSampleStride = 8;
+
+  // Buffers the members (keys - 1, j) below `bound`, in increasing j; a full buffer keeps its
+  // `want` lowest and lowers the bound to the want-th.  Returns the buffer's size.
+  int64_t scan(const key_t* keys, int64_t count, int64_t want, int64_t capacity, key_t bound) {
     int64_t size = 0;
     for (int64_t begin = 0; begin < count; begin += kBlock) {
       const int64_t n = std::min(kBlock, count - begin);
@@ -296,20 +319,28 @@ class BottomK {
         size += shifted < bound;
       }
       if (size >= capacity) {
-        keep_lowest(size, want);
+        select_lowest(buffer_.data(), size, want);
         size = want;
         bound = shifted_of(buffer_[want - 1]);
       }
     }
-    const int64_t rank = std::min(want, size);  // size < want: every member is in the buffer
-    if (rank == 0) return;
-    keep_lowest(size, rank);
-    threshold = key_to_score<acc_t>(shifted_of(buffer_[rank - 1]) + key_t(1));
-    cutoff = j_of(buffer_[rank - 1]);
+    return size;
   }
 
- private:
-  static constexpr int64_t kBlock = 16;
+  // A bound (on keys - 1) just above the sample's share of the `want` lowest members: the
+  // sample's (want / stride + 3 sqrt(want / stride) + 1)-th lowest, three standard deviations of
+  // a binomial count above the expected rank.  No bound (the largest key) when the sample has
+  // too few members.
+  key_t sampled_bound(const key_t* keys, int64_t count, int64_t want) {
+    sample_.clear();
+    for (int64_t j = 0; j < count; j += kSampleStride) sample_.push_back(keys[j] - key_t(1));
+    const double expected = static_cast<double>(want) / kSampleStride;
+    const int64_t rank = static_cast<int64_t>(expected + 3.0 * std::sqrt(expected)) + 1;
+    if (rank > static_cast<int64_t>(sample_.size())) return ~key_t(0);
+    select_lowest(sample_.data(), static_cast<int64_t>(sample_.size()), rank);
+    const key_t last = sample_[rank - 1];
+    return last >= key_t(~key_t(0) - 1) ? ~key_t(0) : key_t(last + 1);  // admit the sample's rank-th
+  }
 
   // A member's (key - 1, j), ordered lexicographically.  Float keys and j (< 2^31, see
   // prepare_row_inputs) pack into one 64-bit integer, so the selections compare plain integers;
@@ -353,12 +384,12 @@ class BottomK {
     return any;
   }
 
-  // buffer_[0, rank) become the rank lowest of buffer_[0, size), the rank-th lowest last.  A
-  // quickselect whose partition has no data-dependent branch (std::nth_element's mispredicted
-  // compares cost more than the whole scan): element i swaps with the first element not below
-  // the pivot, and that boundary advances by the comparison's result.
-  void keep_lowest(int64_t size, int64_t rank) {
-    Entry* a = buffer_.data();
+  // a[0, rank) become the rank lowest of a[0, size), the rank-th lowest last.  A quickselect whose
+  // partition has no data-dependent branch (std::nth_element's mispredicted compares cost more
+  // than the whole scan): element i swaps with the first element not below the pivot, and that
+  // boundary advances by the comparison's result.
+  template <typename T>
+  static void select_lowest(T* a, int64_t size, int64_t rank) {
     const int64_t target = rank - 1;
     int64_t lo = 0, hi = size;  // target is in [lo, hi)
     while (hi - lo > 16) {
@@ -367,10 +398,10 @@ class BottomK {
       if (a[mid] < a[lo]) std::swap(a[mid], a[lo]);
       if (a[last] < a[lo]) std::swap(a[last], a[lo]);
       if (a[mid] < a[last]) std::swap(a[mid], a[last]);
-      const Entry pivot = a[last];
+      const T pivot = a[last];
       int64_t boundary = lo;
       for (int64_t i = lo; i < last; ++i) {
-        const Entry e = a[i];
+        const T e = a[i];
         const bool below = e < pivot;
         a[i] = a[boundary];
         a[boundary] = e;
@@ -385,7 +416,7 @@ class BottomK {
       }
     }
     for (int64_t i = lo + 1; i < hi; ++i) {  // insertion sort of the last few
-      const Entry e = a[i];
+      const T e = a[i];
       int64_t at = i;
       for (; at > lo && e < a[at - 1]; --at) a[at] = a[at - 1];
       a[at] = e;
@@ -393,6 +424,7 @@ class BottomK {
   }
 
   std::vector<Entry> buffer_;
+  std::vector<key_t> sample_;  // sampled_bound's keys - 1
 };
 
 }  // namespace pnn_fast

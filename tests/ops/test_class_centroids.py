@@ -46,19 +46,28 @@ def test_class_centroids_selection_state_reproduces_the_selection(device, per_ro
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("order", ["descending", "ascending", "random"])
+@pytest.mark.parametrize("order", ["descending", "ascending", "random", "lowest_every_8th"])
 def test_class_centroids_selection_state_on_long_rows(device, dtype, order):
     """Rows of 1,200 shared candidates whose scores fall, rise or wander along the list: the CPU
     selection buffers every member below its bound and re-selects whenever the buffer fills, which
-    falling scores do after every few candidates.  Grid inputs, so ties at the threshold are common
-    and must go to the smallest index; k from 0 to past |U_b|; float keys (packed with the index)
-    and double keys (kept apart)."""
+    falling scores do after every few candidates.  "lowest_every_8th" puts the lowest scores at
+    every 8th position, where the CPU kernel samples its first bound: that bound then admits fewer
+    than k members and the row is scanned again without one.  Grid inputs, so ties at the threshold
+    are common and must go to the smallest index; k from 0 to past |U_b|; float keys (packed with
+    the index) and double keys (kept apart)."""
     batch = make_batch(1200, 5, dtype=dtype, grid=True, num_items=900, known_per_user=40, seed=4, device=device)
     # one user vector for every row, so that one order of the list orders each row's scores
     batch["user_emb"] = batch["user_emb"][:1].expand(1200, -1).contiguous()
     scores = batch["item_table"][batch["pos_items"]] @ batch["user_emb"][0]
     if order != "random":
-        perm = torch.sort(scores.cpu(), descending=order == "descending", stable=True).indices.to(device)
+        perm = torch.sort(scores.cpu(), descending=order == "descending", stable=True).indices
+        if order == "lowest_every_8th":
+            every_8th = torch.arange(1200) % 8 == 0
+            spread = torch.empty_like(perm)
+            spread[every_8th] = perm[:int(every_8th.sum())]
+            spread[~every_8th] = perm[int(every_8th.sum()):]
+            perm = spread
+        perm = perm.to(device)
         for name in ("users", "pos_items", "noise_pos", "noise_neg"):
             batch[name] = batch[name][perm]
         batch["candidates"] = batch["pos_items"]
