@@ -27,10 +27,11 @@ struct RankedColumn {
   int64_t column;
 };
 
-// a ranks strictly below b: a lower score, or the same score at a higher column.
+// a ranks strictly below b: a lower score, or the same score at a higher column.  Bitwise, not
+// short-circuit, operators: the selections below call it in loops that must not branch on it.
 template <typename acc_t>
 PNN_HD inline bool ranks_below(const RankedColumn<acc_t>& a, const RankedColumn<acc_t>& b) {
-  return a.value < b.value || (a.value == b.value && a.column > b.column);
+  return (a.value < b.value) | ((a.value == b.value) & (a.column > b.column));
 }
 
 // a is better than b (the order of the result).
@@ -46,31 +47,44 @@ PNN_HD inline void swap_entries(RankedColumn<acc_t>& a, RankedColumn<acc_t>& b) 
   b = t;
 }
 
-// Rearrange entries[0, n) (distinct keys) so that entries[0, k) are the k best and entries[k - 1]
-// is the k-th best: Hoare's selection with a median-of-three pivot, so ascending or descending
-// runs (columns numbered by popularity) take linear time, not quadratic.
+// Rearrange entries[0, n) (distinct keys, no NaN) so that entries[0, k) are the k best and
+// entries[k - 1] is the k-th best.  A quickselect with a median-of-three pivot, so ascending or
+// descending runs (columns numbered by popularity) take linear time, not quadratic; its partition
+// has no data-dependent branch (entry i swaps with the first entry not above the pivot, and that
+// boundary advances by the comparison's result), since a mispredicted comparison per entry cost
+// more than the CPU's scan of the row.
 template <typename acc_t>
 PNN_HD inline void select_best(RankedColumn<acc_t>* entries, int64_t n, int64_t k) {
-  int64_t lo = 0, hi = n - 1;
   const int64_t target = k - 1;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
+  int64_t lo = 0, hi = n;  // target is in [lo, hi)
+  while (hi - lo > 16) {
+    const int64_t mid = lo + (hi - lo) / 2, last = hi - 1;
+    // the median of the first, middle and last entries, moved to the end as the pivot
     if (ranks_above(entries[mid], entries[lo])) swap_entries(entries[mid], entries[lo]);
-    if (ranks_above(entries[hi], entries[lo])) swap_entries(entries[hi], entries[lo]);
-    if (ranks_above(entries[hi], entries[mid])) swap_entries(entries[hi], entries[mid]);
-    const RankedColumn<acc_t> pivot = entries[mid];  // the median of the three
-    int64_t i = lo, j = hi;
-    do {
-      while (ranks_above(entries[i], pivot)) ++i;
-      while (ranks_above(pivot, entries[j])) --j;
-      if (i <= j) {
-        swap_entries(entries[i], entries[j]);
-        ++i;
-        --j;
-      }
-    } while (i <= j);
-    if (j < target) lo = i;
-    if (target < i) hi = j;
+    if (ranks_above(entries[last], entries[lo])) swap_entries(entries[last], entries[lo]);
+    if (ranks_above(entries[mid], entries[last])) swap_entries(entries[mid], entries[last]);
+    const RankedColumn<acc_t> pivot = entries[last];
+    int64_t boundary = lo;
+    for (int64_t i = lo; i < last; ++i) {
+      const RankedColumn<acc_t> entry = entries[i];
+      const bool above = ranks_above(entry, pivot);
+      entries[i] = entries[boundary];
+      entries[boundary] = entry;
+      boundary += above ? 1 : 0;
+    }
+    swap_entries(entries[boundary], entries[last]);
+    if (boundary == target) return;
+    if (target < boundary) {
+      hi = boundary;
+    } else {
+      lo = boundary + 1;
+    }
+  }
+  for (int64_t i = lo + 1; i < hi; ++i) {  // insertion sort of the last few, best first
+    const RankedColumn<acc_t> entry = entries[i];
+    int64_t at = i;
+    for (; at > lo && ranks_above(entry, entries[at - 1]); --at) entries[at] = entries[at - 1];
+    entries[at] = entry;
   }
 }
 
@@ -151,6 +165,15 @@ struct LaneTopK {
   // Whether a column with this score may be among the k best (true for NaN, so that it is seen).
   PNN_HD bool may_enter(acc_t score) const { return !selected || !(score <= threshold); }
 
+  // Admit only scores above `bound` from the first column on: a bound below which the caller
+  // expects fewer than k columns to be needed.  It holds when finish() keeps k entries that all
+  // score above it; otherwise columns the bound turned away may belong to the k best, and the
+  // caller scans again without one.
+  PNN_HD void start_above(acc_t bound) {
+    selected = true;
+    threshold = bound;
+  }
+
   // The next column of the lane (ascending): buffered when it may enter, without a branch on
   // that (it is written to the free slot either way); a full buffer is selected.
   PNN_HD void consider(acc_t score, int64_t column, ExclusionCursors& exclusions) {
@@ -173,8 +196,10 @@ struct LaneTopK {
     if (size >= k) {
       select_best(entries, size, k);
       size = k;
+      // the k-th best, never below a starting bound (kept excluded entries score -inf)
+      const acc_t kth = entries[k - 1].value;
+      threshold = selected && threshold > kth ? threshold : kth;
       selected = true;
-      threshold = entries[k - 1].value;
     }
     kept = size;
   }

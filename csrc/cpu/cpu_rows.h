@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 
 #include "common/pnn_rows.h"
+#include "cpu/select_lowest.h"
 #include "cpu/simd.h"
 
 namespace pnn_fast {
@@ -328,14 +329,12 @@ class BottomK {
   }
 
   // A bound (on keys - 1) just above the sample's share of the `want` lowest members: the
-  // sample's (want / stride + 3 sqrt(want / stride) + 1)-th lowest, three standard deviations of
-  // a binomial count above the expected rank.  No bound (the largest key) when the sample has
-  // too few members.
+  // sample's sampled_rank-th lowest.  No bound (the largest key) when the sample has too few
+  // members.
   key_t sampled_bound(const key_t* keys, int64_t count, int64_t want) {
     sample_.clear();
     for (int64_t j = 0; j < count; j += kSampleStride) sample_.push_back(keys[j] - key_t(1));
-    const double expected = static_cast<double>(want) / kSampleStride;
-    const int64_t rank = static_cast<int64_t>(expected + 3.0 * std::sqrt(expected)) + 1;
+    const int64_t rank = sampled_rank(want, kSampleStride);
     if (rank > static_cast<int64_t>(sample_.size())) return ~key_t(0);
     select_lowest(sample_.data(), static_cast<int64_t>(sample_.size()), rank);
     const key_t last = sample_[rank - 1];
@@ -382,45 +381,6 @@ class BottomK {
     bool any = false;
     for (int64_t i = 0; i < kBlock; ++i) any |= key_t(keys[i] - key_t(1)) < bound;
     return any;
-  }
-
-  // a[0, rank) become the rank lowest of a[0, size), the rank-th lowest last.  A quickselect whose
-  // partition has no data-dependent branch (std::nth_element's mispredicted compares cost more
-  // than the whole scan): element i swaps with the first element not below the pivot, and that
-  // boundary advances by the comparison's result.
-  template <typename T>
-  static void select_lowest(T* a, int64_t size, int64_t rank) {
-    const int64_t target = rank - 1;
-    int64_t lo = 0, hi = size;  // target is in [lo, hi)
-    while (hi - lo > 16) {
-      const int64_t mid = lo + (hi - lo) / 2, last = hi - 1;
-      // the median of the first, middle and last elements, moved to the end as the pivot
-      if (a[mid] < a[lo]) std::swap(a[mid], a[lo]);
-      if (a[last] < a[lo]) std::swap(a[last], a[lo]);
-      if (a[mid] < a[last]) std::swap(a[mid], a[last]);
-      const T pivot = a[last];
-      int64_t boundary = lo;
-      for (int64_t i = lo; i < last; ++i) {
-        const T e = a[i];
-        const bool below = e < pivot;
-        a[i] = a[boundary];
-        a[boundary] = e;
-        boundary += below;
-      }
-      std::swap(a[boundary], a[last]);
-      if (boundary == target) return;
-      if (target < boundary) {
-        hi = boundary;
-      } else {
-        lo = boundary + 1;
-      }
-    }
-    for (int64_t i = lo + 1; i < hi; ++i) {  // insertion sort of the last few
-      const T e = a[i];
-      int64_t at = i;
-      for (; at > lo && e < a[at - 1]; --at) a[at] = a[at - 1];
-      a[at] = e;
-    }
   }
 
   std::vector<Entry> buffer_;

@@ -88,6 +88,41 @@ def test_matches_the_reference(device, dtype, order):
         assert torch.equal(got[0].cpu().to(want[0].dtype), want[0]), (k, order)
 
 
+def long_rows(layout: str, rows: int, cols: int, dtype: torch.dtype):
+    """(scores, users, exclusions) whose rows start the CPU scan from a sampled threshold (rows of
+    256 columns or more; every 8th column sampled), laid out so that the sample misleads it."""
+    g = torch.Generator().manual_seed(11)
+    scores = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    users = torch.arange(rows)
+    exclude = random_exclusions(rows, cols, 0.2, seed=12)
+    excluded = torch.zeros(rows, cols, dtype=torch.bool)
+    excluded[exclude.entries_of(users)] = True
+    if layout == "excluded_on_top":  # a trained model: the training items score highest
+        scores = torch.where(excluded, scores + 10.0, scores)
+    elif layout == "best_at_sampled_columns":  # the sample's best are the row's only best
+        scores[:, ::8] += 10.0
+    elif layout == "grid":  # a few values, so many columns tie with the threshold
+        scores = torch.randint(0, 3, (rows, cols), generator=g).double()
+    elif layout == "mostly_minus_inf":
+        scores[torch.rand(rows, cols, generator=g) < 0.98] = -math.inf
+    elif layout == "nan_at_excluded_sampled_columns":
+        scores[:, ::8] = torch.where(excluded[:, ::8], math.nan, scores[:, ::8])
+    return scores.to(dtype), users, [exclude]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("layout", ["excluded_on_top", "best_at_sampled_columns", "grid", "mostly_minus_inf",
+                                    "nan_at_excluded_sampled_columns"])
+def test_long_rows_whatever_their_sample_says(device, dtype, layout):
+    scores, users, exclude = long_rows(layout, rows=16, cols=1000, dtype=dtype)
+    for k in (1, 20, 57, 300, 990):
+        got = ops.masked_topk(scores.to(device), users.to(device), [e.to(device) for e in exclude], k)
+        want = reference.masked_topk(scores, users, exclude, k)
+        assert torch.equal(got[1].cpu(), want[1]), (layout, k)
+        assert torch.equal(got[0].cpu(), want[0]), (layout, k)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_excluded_columns_fill_the_tail_in_column_order(device):
     """A user with fewer than k columns left: the excluded ones follow, at -inf, by column, as do
