@@ -1,8 +1,8 @@
 """The CPU kernels' instruction-set variants give the same bits.
 
-The score and distance chains (csrc/cpu/simd.h) are compiled for AVX-512, AVX2 + FMA and the
-build's baseline and chosen at run time; several rows share a pass over the candidate tiles on the
-wider sets.  Each lane runs the same chain of fused multiply-adds whichever variant runs, so the
+The score and distance chains (csrc/cpu/simd.h) and masked_topk's scan are compiled for AVX-512,
+AVX2 + FMA and the build's baseline and chosen at run time; several rows share a pass over the
+candidate tiles on the wider sets.  Each lane runs the same chain of fused multiply-adds whichever variant runs, so the
 outputs must be identical, not close.  PNN_FAST_SIMD_LEVEL caps the variant: each level this CPU
 has runs in a subprocess on the same inputs, and every output and gradient is compared bit for bit
 with the widest level's.
@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, sys.argv[2])
 from batches import make_batch, row_args
 from pnn_fast import _extension, ops
+from pnn_fast.csr import CSR
 
 torch.set_num_threads(1)
 out = {}
@@ -56,6 +57,13 @@ rows = torch.randn(50, 45, generator=torch.Generator().manual_seed(7)).requires_
 ids = torch.randint(0, 300, (50, 33), generator=torch.Generator().manual_seed(8))
 dots = ops.gathered_dots(rows, table, ids)
 out["gathered_dots"] = [dots, *torch.autograd.grad((dots * dots).sum(), (rows, table))]
+g = torch.Generator().manual_seed(9)
+excluded = torch.rand(40, 3001, generator=g) < 0.1
+scores = torch.randn(40, 3001, generator=g) + 2.0 * excluded  # excluded items on top, as when trained
+scores[:, 5::8] = scores[:, 5::8].round(decimals=1)  # ties
+exclude = CSR.from_pairs(*excluded.nonzero(as_tuple=True), 40, 3001)
+for k in (1, 20, 300):
+    out[f"masked_topk{k}"] = list(ops.masked_topk(scores, torch.arange(40), [exclude], k))
 torch.save({"level": _extension.cpu_simd_level(), "outputs": {k: [t.detach() for t in v] for k, v in out.items()}},
            sys.argv[1])
 """

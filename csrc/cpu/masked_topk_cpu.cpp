@@ -20,11 +20,15 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>  // admitted_columns_avx512, compiled for AVX-512 whatever the baseline
+#endif
 
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/topk_row.h"
 #include "cpu/select_lowest.h"
+#include "cpu/simd.h"
 
 namespace pnn_fast {
 namespace {
@@ -109,8 +113,57 @@ bool sampled_threshold(const scalar_t* row, int64_t cols, int64_t k, const Exclu
   return threshold > neg_infinity<acc_t>();
 }
 
+#ifdef PNN_SIMD_AVX2_DISPATCH
+// Columns per pass of admitted_columns_avx512: a row is scanned in chunks, so that the threshold
+// the chunk is tested against is never staler than one chunk.
+constexpr int64_t kChunk = 1024;
+
+// The positions i < n (n <= kChunk) with scores[i] above `threshold` or NaN, ascending, into
+// `positions`; returns how many.  Each block of 16 scores is one compare and one compress store:
+// no branch on the scores, where the block test of the scalar scan mispredicted at about every
+// block that held a candidate.
+__attribute__((target("avx512f"))) int64_t admitted_columns_avx512(const float* scores, int64_t n, float threshold,
+                                                                   int32_t* positions) {
+  const __m512 limit = _mm512_set1_ps(threshold);
+  const __m512i step = _mm512_set1_epi32(16);
+  __m512i position = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t count = 0;
+  for (int64_t at = 0; at < n; at += 16) {
+    const __mmask16 valid = n - at >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - at)) - 1u);
+    const __m512 block = _mm512_maskz_loadu_ps(valid, scores + at);
+    const __mmask16 admitted = _mm512_mask_cmp_ps_mask(valid, block, limit, _CMP_NLE_UQ);  // NaN too
+    _mm512_mask_compressstoreu_epi32(positions + count, admitted, position);
+    count += __builtin_popcount(admitted);
+    position = _mm512_add_epi32(position, step);
+  }
+  return count;
+}
+#endif
+
+// Offers the row's columns that may enter to `top`, in ascending order.  The columns skipped are
+// those at or below the threshold when they are reached, which consider() would turn away: every
+// path gives `top` the same state, so the same result.  `positions` is scratch of kChunk entries.
 template <typename scalar_t, typename acc_t>
-void scan_row(const scalar_t* row, int64_t cols, LaneTopK<acc_t>& top, ExclusionCursors& exclusions) {
+void scan_row(const scalar_t* row, int64_t cols, LaneTopK<acc_t>& top, ExclusionCursors& exclusions,
+              std::vector<int32_t>& positions) {
+#ifdef PNN_SIMD_AVX2_DISPATCH
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (top.selected && simd_level() == kSimdAvx512) {
+      positions.resize(kChunk);
+      for (int64_t begin = 0; begin < cols; begin += kChunk) {
+        const int64_t count = admitted_columns_avx512(row + begin, std::min(kChunk, cols - begin), top.threshold,
+                                                      positions.data());
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t j = begin + positions[i];
+          top.consider(row[j], j, exclusions);
+        }
+      }
+      return;
+    }
+  }
+#else
+  (void)positions;
+#endif
   for (int64_t begin = 0; begin < cols; begin += kBlock) {
     const int64_t n = std::min(kBlock, cols - begin);
     if (top.selected && !any_may_enter(row + begin, n, top.threshold)) continue;
@@ -137,6 +190,7 @@ std::tuple<at::Tensor, at::Tensor> masked_topk_cpu(const at::Tensor& scores, con
     at::parallel_for(0, num_rows, std::max<int64_t>(1, 16384 / cols), [&](int64_t begin, int64_t end) {
       std::vector<RankedColumn<acc_t>> buffer(buffer_capacity(k) + 1);
       std::vector<typename KeyOf<acc_t>::type> sample;
+      std::vector<int32_t> positions;
       ExcludedBits excluded(cols >= kSampledRow ? cols : 0);
       for (int64_t r = begin; r < end; ++r) {
         const scalar_t* row = S + r * cols;
@@ -150,13 +204,13 @@ std::tuple<at::Tensor, at::Tensor> masked_topk_cpu(const at::Tensor& scores, con
           excluded.clear(in.sets, user[r]);
         }
         if (bounded) top.start_above(threshold);
-        scan_row(row, cols, top, exclusions);
+        scan_row(row, cols, top, exclusions, positions);
         const int64_t found = top.finish(exclusions);
         if (bounded && !(found == k && top.entries[k - 1].value > threshold)) {
           // fewer than k columns above the sampled threshold: every column is offered again
           top = LaneTopK<acc_t>{buffer.data(), k, buffer_capacity(k)};
           exclusions = in.sets.of_user(user[r]);
-          scan_row(row, cols, top, exclusions);
+          scan_row(row, cols, top, exclusions, positions);
           top.finish(exclusions);
         }
         // k entries now: every column was offered until k were kept
