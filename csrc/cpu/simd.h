@@ -86,11 +86,16 @@ struct VectorFma {
 // row of a few sampled candidates would otherwise pay for 64 lanes (and their zeroing) to use 8.
 constexpr int64_t kShortLanes = 8;
 
-// out[j] for the first kLanes lanes of the tiles [tile_begin, tile_end) of `tiles` (d x kTile
-// values per tile), with kBytes-wide vectors (kBytes = sizeof(acc_t): scalar code).
-template <int kBytes, int64_t kLanes, typename acc_t, typename Term>
-PNN_ALWAYS_INLINE void tile_chains(const acc_t* a, const acc_t* tiles, int64_t d, int64_t tile_begin,
-                                   int64_t tile_end, Term term, acc_t* out) {
+// out[r][j] for each of kRows vectors a[r] and the first kLanes lanes j of the tiles
+// [tile_begin, tile_end) of `tiles` (d x kTile values per tile), with kBytes-wide vectors (kBytes =
+// sizeof(acc_t): scalar code).  A pass covers kVecs vectors of lanes of a tile, kRows * kVecs
+// accumulators in registers.  Several rows per pass share each tile value loaded, so the tiles
+// stream from cache kRows times less often (one row at a time, the loads, not the multiply-adds,
+// bound the chains).  Every lane runs the same chain whatever kRows, kVecs and kBytes are, so the
+// results are the same bits.
+template <int kBytes, int64_t kLanes, int64_t kRows, int64_t kVecs, typename acc_t, typename Term>
+PNN_ALWAYS_INLINE void tile_chains(const acc_t* const* a, const acc_t* tiles, int64_t d, int64_t tile_begin,
+                                   int64_t tile_end, Term term, acc_t* const* out) {
 #ifdef PNN_SIMD_VECTORS
   typedef acc_t vec __attribute__((vector_size(kBytes)));
 #else
@@ -98,61 +103,10 @@ PNN_ALWAYS_INLINE void tile_chains(const acc_t* a, const acc_t* tiles, int64_t d
   using vec = acc_t;
 #endif
   constexpr int64_t width = kBytes / static_cast<int64_t>(sizeof(acc_t));
-  static_assert(kLanes % width == 0 && kLanes <= kTile, "whole vectors of a tile");
-  constexpr int64_t nvec = kLanes / width;
-  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-    const acc_t* t = tiles + tile * d * kTile;
-    vec acc[nvec] = {};
-    for (int64_t k = 0; k < d; ++k) {
-      vec ak = {};
-      ak += a[k];  // broadcast
-      for (int64_t q = 0; q < nvec; ++q) {
-        vec x;
-        std::memcpy(&x, t + k * kTile + q * width, sizeof x);
-        acc[q] = term(ak, x, acc[q], VectorFma<kBytes>{});
-      }
-    }
-    std::memcpy(out + tile * kTile, acc, sizeof acc);
-  }
-}
-
-#ifdef PNN_SIMD_AVX2_DISPATCH
-template <int64_t kLanes, typename acc_t, typename Term>
-__attribute__((target("avx2,fma"))) void tile_chains_avx2(const acc_t* a, const acc_t* tiles, int64_t d,
-                                                      int64_t tile_begin, int64_t tile_end, Term term, acc_t* out) {
-  tile_chains<32, kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
-}
-#endif
-
-template <int64_t kLanes, typename acc_t, typename Term>
-void tile_chains_dispatch(const acc_t* a, const acc_t* tiles, int64_t d, int64_t tile_begin, int64_t tile_end,
-                          Term term, acc_t* out) {
-  if (tile_begin >= tile_end) return;
-#ifdef PNN_SIMD_AVX2_DISPATCH
-  if (simd_level() >= kSimdAvx2) return tile_chains_avx2<kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
-#endif
-#ifdef PNN_SIMD_VECTORS
-  tile_chains<16, kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
-#else
-  tile_chains<sizeof(acc_t), kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
-#endif
-}
-
-// tile_chains for kRows vectors a[0, kRows) at once, into out[0, kRows): each tile value loaded
-// serves every row, so the tiles stream from cache kRows times less often (one row at a time, the
-// loads, not the multiply-adds, bound the chains).  A pass covers kVecs vectors of lanes of a
-// tile, kRows * kVecs accumulators in registers.  Every lane runs the chain of tile_chains, so the
-// results are the same bits.
-template <int kBytes, int64_t kRows, int64_t kVecs, typename acc_t, typename Term>
-PNN_ALWAYS_INLINE void tile_chains_rows(const acc_t* const* a, const acc_t* tiles, int64_t d, int64_t tile_begin,
-                                        int64_t tile_end, Term term, acc_t* const* out) {
-#ifdef PNN_SIMD_VECTORS
-  typedef acc_t vec __attribute__((vector_size(kBytes)));
-  constexpr int64_t width = kBytes / static_cast<int64_t>(sizeof(acc_t));
   constexpr int64_t pass_lanes = kVecs * width;
-  static_assert(kTile % pass_lanes == 0, "whole passes of a tile");
+  static_assert(kLanes % pass_lanes == 0 && kLanes <= kTile, "whole passes over the lanes evaluated");
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-    for (int64_t lane0 = 0; lane0 < kTile; lane0 += pass_lanes) {
+    for (int64_t lane0 = 0; lane0 < kLanes; lane0 += pass_lanes) {
       const acc_t* t = tiles + tile * d * kTile + lane0;
       vec acc[kRows][kVecs] = {};
       for (int64_t k = 0; k < d; ++k) {
@@ -170,6 +124,35 @@ PNN_ALWAYS_INLINE void tile_chains_rows(const acc_t* const* a, const acc_t* tile
       for (int64_t r = 0; r < kRows; ++r) std::memcpy(out[r] + tile * kTile + lane0, acc[r], sizeof acc[r]);
     }
   }
+}
+
+// One row's tile_chains, all kLanes lanes in one pass.
+template <int kBytes, int64_t kLanes, typename acc_t, typename Term>
+PNN_ALWAYS_INLINE void row_tile_chains(const acc_t* a, const acc_t* tiles, int64_t d, int64_t tile_begin,
+                                       int64_t tile_end, Term term, acc_t* out) {
+  constexpr int64_t width = kBytes / static_cast<int64_t>(sizeof(acc_t));
+  tile_chains<kBytes, kLanes, 1, kLanes / width>(&a, tiles, d, tile_begin, tile_end, term, &out);
+}
+
+#ifdef PNN_SIMD_AVX2_DISPATCH
+template <int64_t kLanes, typename acc_t, typename Term>
+__attribute__((target("avx2,fma"))) void tile_chains_avx2(const acc_t* a, const acc_t* tiles, int64_t d,
+                                                      int64_t tile_begin, int64_t tile_end, Term term, acc_t* out) {
+  row_tile_chains<32, kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
+}
+#endif
+
+template <int64_t kLanes, typename acc_t, typename Term>
+void tile_chains_dispatch(const acc_t* a, const acc_t* tiles, int64_t d, int64_t tile_begin, int64_t tile_end,
+                          Term term, acc_t* out) {
+  if (tile_begin >= tile_end) return;
+#ifdef PNN_SIMD_AVX2_DISPATCH
+  if (simd_level() >= kSimdAvx2) return tile_chains_avx2<kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
+#endif
+#ifdef PNN_SIMD_VECTORS
+  row_tile_chains<16, kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
+#else
+  row_tile_chains<sizeof(acc_t), kLanes>(a, tiles, d, tile_begin, tile_end, term, out);
 #endif
 }
 
@@ -179,7 +162,7 @@ template <typename acc_t, typename Term>
 __attribute__((target("avx512f"))) void tile_chains_rows_avx512(const acc_t* const* a, const acc_t* tiles, int64_t d,
                                                                int64_t tile_begin, int64_t tile_end, Term term,
                                                                acc_t* const* out) {
-  tile_chains_rows<64, 4, 4>(a, tiles, d, tile_begin, tile_end, term, out);
+  tile_chains<64, kTile, 4, 4>(a, tiles, d, tile_begin, tile_end, term, out);
 }
 
 // 16 registers of 32 bytes: 2 rows x 4 vectors
@@ -187,12 +170,13 @@ template <typename acc_t, typename Term>
 __attribute__((target("avx2,fma"))) void tile_chains_rows_avx2(const acc_t* const* a, const acc_t* tiles, int64_t d,
                                                               int64_t tile_begin, int64_t tile_end, Term term,
                                                               acc_t* const* out) {
-  tile_chains_rows<32, 2, 4>(a, tiles, d, tile_begin, tile_end, term, out);
+  tile_chains<32, kTile, 2, 4>(a, tiles, d, tile_begin, tile_end, term, out);
 }
 #endif
 
-// tile_chains_rows over the first rows of a[0, rows) in groups of the widest instruction set's row
-// count; returns how many rows it did (the rest, fewer than a group, are left to tile_chains).
+// tile_chains over the first rows of a[0, rows) in groups of the widest instruction set's row
+// count, every lane of each tile; returns how many rows it did (the rest, fewer than a group, are
+// left to tile_chains_dispatch).
 template <typename acc_t, typename Term>
 int64_t tile_chains_rows_dispatch(const acc_t* const* a, int64_t rows, const acc_t* tiles, int64_t d,
                                   int64_t tile_begin, int64_t tile_end, Term term, acc_t* const* out) {
@@ -208,7 +192,7 @@ int64_t tile_chains_rows_dispatch(const acc_t* const* a, int64_t rows, const acc
   }
 #endif
 #ifdef PNN_SIMD_VECTORS
-  for (; r + 2 <= rows; r += 2) tile_chains_rows<16, 2, 4>(a + r, tiles, d, tile_begin, tile_end, term, out + r);
+  for (; r + 2 <= rows; r += 2) tile_chains<16, kTile, 2, 4>(a + r, tiles, d, tile_begin, tile_end, term, out + r);
 #endif
   return r;
 }
@@ -280,7 +264,7 @@ class TiledVectors {
   }
 
   // lane_sums for each of rows vectors a[r], into out[r]: the same values, several rows per pass
-  // over the tiles (tile_chains_rows).
+  // over the tiles (tile_chains_rows_dispatch).
   template <typename Term>
   void lane_sums_rows(const acc_t* const* a, int64_t rows, Term term, acc_t* const* out, int64_t first = 0) const {
     const int64_t full = tiles_ - (short_last_ ? 1 : 0), tile_begin = first / kTile;
