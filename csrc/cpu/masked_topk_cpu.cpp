@@ -66,7 +66,7 @@ inline int64_t buffer_capacity(int64_t k) { return k + std::max<int64_t>(2 * k, 
 
 // Rows from this long start from a sampled threshold; every kSampleStride-th column is sampled.
 constexpr int64_t kSampledRow = 256;
-constexpr int64_t kSampleStride = 8;
+constexpr int64_t kSampleStride = 16;
 
 // One user's excluded columns as bits, for the sample (the scan looks exclusions up only for
 // the columns it buffers, with the cursors of topk_row.h).  Words are set for a row and cleared
