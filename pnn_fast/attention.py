@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backends
-from ._checks import check_int
+from ._checks import check_int, check_real
 from .backends.rows import gather_rows
 from .known import KnownPositives
 from .sampling import sample_history
@@ -19,19 +19,21 @@ def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
 
 
 class UserAwareAttention(nn.Module):
-    """lambda_u = sigmoid(w1 . sum_h a_h e_h), a = softmax_h(e_u . tanh(W2 e_h + b)).
+    """lambda_u = sigmoid(w1 . sum_h a_h e_h / T), a = softmax_h(e_u . tanh(W2 e_h + b)).
 
     The paper's adaptive weight between the BPR warm-up and the PNN loss. ``w1`` and ``W2`` are
     constrained non-negative (the paper's R_+) through a softplus re-parametrisation, which
     keeps every entry positive and trainable (a clamp would freeze entries that cross zero).
     The history is up to ``history_len`` of the user's known items, a uniform random subset
-    (without replacement) when the user has more.
+    (without replacement) when the user has more. ``temperature`` T is the paper's 1; a larger
+    one divides the logit, so lambda moves away from 1/2 more slowly as the logit grows.
     """
 
-    def __init__(self, dim: int, history_len: int = 50):
+    def __init__(self, dim: int, history_len: int = 50, temperature: float = 1.0):
         super().__init__()
         self.dim = check_int("dim", dim, 1)
         self.history_len = check_int("history_len", history_len, 1)
+        self.temperature = check_real("temperature", temperature, low_open=True)
         scale = math.sqrt(2.0 / (dim + dim))  # xavier-normal std of a d x d matrix
         self.raw_w1 = nn.Parameter(_inverse_softplus(torch.randn(dim).abs() * scale + 1e-3))
         self.raw_w2 = nn.Parameter(_inverse_softplus(torch.randn(dim, dim).abs() * scale + 1e-3))
@@ -65,4 +67,4 @@ class UserAwareAttention(nn.Module):
         weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
         # w1 . sum_l a_l e_l = sum_l a_l (e_l . w1): a weighted sum of scalars, not of [d] rows
         along_w1 = gather_rows(hist_rows @ self.w1.to(hist_rows.dtype), slots)  # [B, L]
-        return torch.sigmoid((weights * along_w1).sum(dim=1))
+        return torch.sigmoid((weights * along_w1).sum(dim=1) / self.temperature)

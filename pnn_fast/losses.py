@@ -52,6 +52,9 @@ class PNNLoss(nn.Module):
         lambda_range: with ``lambda_mode="attention"``, a pair (low, high), 0 <= low < high <= 1:
             lambda = low + (high - low) * attention, so it cannot saturate at 0 or 1 (the paper's
             attention runs to an end in every run we know of); None: the attention's own [0, 1].
+        lambda_temperature: with ``lambda_mode="attention"``, the temperature T of its sigmoid,
+            lambda = sigmoid(logit / T) (finite, > 0; the paper's 1): a larger T slows the
+            attention's run to 0 or 1.
         use_rank: keep L_rank (False gives the paper's "w/o rank" ablation).
         rank_weight: the weight of L_rank inside L_PNN (the paper's 1; finite, >= 0).
         num_candidates: when set, a call without ``neg_items`` draws this many uniform unknown items
@@ -80,7 +83,8 @@ class PNNLoss(nn.Module):
                  noise_max: float = 0.1, neg_size: Union[str, int] = "proportional", history_len: int = 50,
                  uniform_t: float = 2.0, uniform_normalize: bool = True, uniform_over: str = "items",
                  lambda_mode: str = "attention", fixed_lambda: float = 0.5,
-                 lambda_range: Optional[Tuple[float, float]] = None, use_rank: bool = True, rank_weight: float = 1.0,
+                 lambda_range: Optional[Tuple[float, float]] = None, lambda_temperature: float = 1.0,
+                 use_rank: bool = True, rank_weight: float = 1.0,
                  num_candidates: Optional[int] = None, num_hard_candidates: Optional[int] = None,
                  candidates_across_ranks: bool = False, backend: str = "auto", validate: bool = True):
         super().__init__()
@@ -104,6 +108,9 @@ class PNNLoss(nn.Module):
             if not low < high:
                 raise ValueError(f"lambda_range must have low < high, got {lambda_range!r}")
             lambda_range = (low, high)
+        lambda_temperature = check_real("lambda_temperature", lambda_temperature, low_open=True)
+        if lambda_temperature != 1.0 and lambda_mode != "attention":
+            raise ValueError(f"lambda_temperature belongs to the attention's lambda; lambda_mode={lambda_mode!r} has none")
         check_int("history_len", history_len, 1)
         for name, count in (("num_candidates", num_candidates), ("num_hard_candidates", num_hard_candidates)):
             if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
@@ -130,7 +137,8 @@ class PNNLoss(nn.Module):
         self.candidates_across_ranks = bool(candidates_across_ranks)
         self.backend = backends.check_name(backend)
         self.validate = validate
-        self.attention = UserAwareAttention(dim, history_len) if lambda_mode == "attention" else None
+        self.lambda_temperature = lambda_temperature
+        self.attention = UserAwareAttention(dim, history_len, lambda_temperature) if lambda_mode == "attention" else None
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                 pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None,

@@ -89,6 +89,35 @@ def test_lambda_range_maps_the_attention_into_its_bounds(backend):
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_lambda_temperature_divides_the_attention_logit(backend):
+    """lambda = sigmoid(logit / T): the same attention weights at T = 1 and T = 4 give
+    logit(lambda_4) = logit(lambda_1) / 4, and the loss uses that lambda."""
+    known, users, pos, user_emb, item_table, noise = problem(seed=4)
+    paper = PNNLoss(known, 6, backend=backend).double()
+    tempered = PNNLoss(known, 6, lambda_temperature=4.0, backend=backend).double()
+    tempered.attention.load_state_dict(paper.attention.state_dict())
+    torch.manual_seed(1)  # the attention's history draw
+    _, want = paper(user_emb, item_table, users, pos, noise=noise, return_components=True)
+    torch.manual_seed(1)
+    loss, got = tempered(user_emb, item_table, users, pos, noise=noise, return_components=True)
+    torch.testing.assert_close(torch.logit(got["lambda"]), torch.logit(want["lambda"]) / 4, rtol=1e-10, atol=1e-12)
+    assert (got["lambda"] - 0.5).abs().max() < (want["lambda"] - 0.5).abs().max()
+    rows = torch.where(got["valid"], (1 - got["lambda"]) * got["bpr"] + got["lambda"] * (
+        0.8 * got["constrain"] + 0.6 * got["uniform"] + got["rank"]), torch.zeros_like(got["bpr"]))
+    torch.testing.assert_close(loss, rows.sum() / got["valid"].sum(), rtol=1e-12, atol=0)
+
+
+def test_lambda_temperature_reaches_the_objective():
+    from pnn_fast.models import build_model
+    from pnn_fast.objectives import build_objective
+
+    known, users, pos = problem()[:3]
+    model = build_model("mf", 12, 40, users, pos, dim=6)
+    objective = build_objective("pnn", known, model, in_batch=False, lambda_temperature=3.0)
+    assert objective.loss_fn.attention.temperature == 3.0
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_uniformity_over_users_and_items_is_the_mean_of_both(backend):
     """DirectAU's uniformity: the mean of L_uniform over the distinct candidate items and over the
     distinct users of the batch (each user's row once, normalised like the items')."""
@@ -115,6 +144,10 @@ def test_uniformity_over_users_and_items_is_the_mean_of_both(backend):
     ({"lambda_range": 0.3}, r"lambda_range must be a pair \(low, high\)"),
     ({"lambda_range": (0.1, 0.3), "lambda_mode": "fixed"}, "lambda_range bounds the attention's lambda"),
     ({"uniform_over": "users"}, "uniform_over must be 'items' or 'users_and_items'"),
+    ({"lambda_temperature": 0.0}, "lambda_temperature must be a finite number > 0, got 0.0"),
+    ({"lambda_temperature": -2.0}, "lambda_temperature must be a finite number"),
+    ({"lambda_temperature": float("inf")}, "lambda_temperature must be a finite number"),
+    ({"lambda_temperature": 2.0, "lambda_mode": "fixed"}, "lambda_temperature belongs to the attention's lambda"),
 ])
 def test_bad_lambda_range_and_uniform_over_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):

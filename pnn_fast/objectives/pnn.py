@@ -17,8 +17,9 @@ class PNNObjective(Objective):
     candidates) or "sampled" (DNS's: the hardest of ``hard_candidates`` fresh uniform samples, while
     the classes stay over the candidates). ``rank_weight``: L_rank's weight inside L_PNN.
     ``candidates_across_ranks``: under torchrun, in-batch candidates from every rank (PNNLoss's).
-    ``lambda_range`` ([low, high], a bounded attention lambda) and ``uniform_over`` ("items" or
-    "users_and_items", DirectAU's uniformity): PNNLoss's variants beyond the paper.
+    ``lambda_range`` ([low, high], a bounded attention lambda), ``lambda_temperature`` (the
+    attention sigmoid's temperature) and ``uniform_over`` ("items" or "users_and_items", DirectAU's
+    uniformity): PNNLoss's variants beyond the paper.
     ``preset``: a name of :data:`pnn_fast.losses.PRESETS`, which then sets every other argument
     but ``backend``."""
 
@@ -26,6 +27,7 @@ class PNNObjective(Objective):
                 "history_len": 50, "lambda_mode": "attention", "fixed_lambda": 0.5, "use_rank": True,
                 "rank_weight": 1.0, "hard_negative": "candidates", "hard_candidates": 8,
                 "noise_max": 0.1, "uniform_t": 2.0, "uniform_over": "items", "lambda_range": None,
+                "lambda_temperature": 1.0,
                 "candidates_across_ranks": False, "backend": "auto", "preset": None}
 
     def __init__(self, known, model, **args):
@@ -43,7 +45,8 @@ class PNNObjective(Objective):
             raise ValueError(f"pnn: hard_candidates must be an int >= 1, got {a['hard_candidates']!r}")
         self.loss_fn = PNNLoss(known, model.dim, alpha=a["alpha"], beta=a["beta"], neg_size=a["neg_size"],
                                history_len=a["history_len"], lambda_mode=a["lambda_mode"],
-                               fixed_lambda=a["fixed_lambda"], lambda_range=a["lambda_range"], use_rank=a["use_rank"],
+                               fixed_lambda=a["fixed_lambda"], lambda_range=a["lambda_range"],
+                               lambda_temperature=a["lambda_temperature"], use_rank=a["use_rank"],
                                rank_weight=a["rank_weight"], uniform_over=a["uniform_over"],
                                num_candidates=None if a["in_batch"] else int(a["candidates"]),
                                num_hard_candidates=int(a["hard_candidates"]) if a["hard_negative"] == "sampled" else None,
