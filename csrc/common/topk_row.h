@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/pnn_rows.h"
+#include "common/quickselect.h"
 
 namespace pnn_fast {
 
@@ -40,52 +41,19 @@ PNN_HD inline bool ranks_above(const RankedColumn<acc_t>& a, const RankedColumn<
   return ranks_below(b, a);
 }
 
-template <typename acc_t>
-PNN_HD inline void swap_entries(RankedColumn<acc_t>& a, RankedColumn<acc_t>& b) {
-  const RankedColumn<acc_t> t = a;
-  a = b;
-  b = t;
-}
+// ranks_above as a function object, the order of select_first.
+struct RanksAbove {
+  template <typename acc_t>
+  PNN_HD bool operator()(const RankedColumn<acc_t>& a, const RankedColumn<acc_t>& b) const {
+    return ranks_above(a, b);
+  }
+};
 
 // Rearrange entries[0, n) (distinct keys, no NaN) so that entries[0, k) are the k best and
-// entries[k - 1] is the k-th best.  A quickselect with a median-of-three pivot, so ascending or
-// descending runs (columns numbered by popularity) take linear time, not quadratic; its partition
-// has no data-dependent branch (entry i swaps with the first entry not above the pivot, and that
-// boundary advances by the comparison's result), since a mispredicted comparison per entry cost
-// more than the CPU's scan of the row.
+// entries[k - 1] is the k-th best.
 template <typename acc_t>
 PNN_HD inline void select_best(RankedColumn<acc_t>* entries, int64_t n, int64_t k) {
-  const int64_t target = k - 1;
-  int64_t lo = 0, hi = n;  // target is in [lo, hi)
-  while (hi - lo > 16) {
-    const int64_t mid = lo + (hi - lo) / 2, last = hi - 1;
-    // the median of the first, middle and last entries, moved to the end as the pivot
-    if (ranks_above(entries[mid], entries[lo])) swap_entries(entries[mid], entries[lo]);
-    if (ranks_above(entries[last], entries[lo])) swap_entries(entries[last], entries[lo]);
-    if (ranks_above(entries[mid], entries[last])) swap_entries(entries[mid], entries[last]);
-    const RankedColumn<acc_t> pivot = entries[last];
-    int64_t boundary = lo;
-    for (int64_t i = lo; i < last; ++i) {
-      const RankedColumn<acc_t> entry = entries[i];
-      const bool above = ranks_above(entry, pivot);
-      entries[i] = entries[boundary];
-      entries[boundary] = entry;
-      boundary += above ? 1 : 0;
-    }
-    swap_entries(entries[boundary], entries[last]);
-    if (boundary == target) return;
-    if (target < boundary) {
-      hi = boundary;
-    } else {
-      lo = boundary + 1;
-    }
-  }
-  for (int64_t i = lo + 1; i < hi; ++i) {  // insertion sort of the last few, best first
-    const RankedColumn<acc_t> entry = entries[i];
-    int64_t at = i;
-    for (; at > lo && ranks_above(entry, entries[at - 1]); --at) entries[at] = entries[at - 1];
-    entries[at] = entry;
-  }
+  select_first(entries, n, k, RanksAbove{});
 }
 
 // Restore the min-heap property (root = lowest rank) below `at` in heap[0, size).
@@ -108,7 +76,7 @@ template <typename acc_t>
 PNN_HD inline void sort_best_first(RankedColumn<acc_t>* entries, int64_t n) {
   for (int64_t at = n / 2 - 1; at >= 0; --at) sift_down(entries, n, at);
   for (int64_t end = n - 1; end > 0; --end) {  // the lowest-ranked goes to the back
-    swap_entries(entries[0], entries[end]);
+    swap_values(entries[0], entries[end]);
     sift_down(entries, end, int64_t{0});
   }
 }

@@ -1,51 +1,19 @@
-// Selection of the lowest few of a CPU buffer, and the sample rank that bounds a row's selection.
-// Shared by the bottom-k of the PNN classes (cpu_rows.h) and the evaluator's top-k
-// (masked_topk_cpu.cpp), which both start a long row from a bound taken from a sample of it.
+// The lowest few of a CPU buffer, and the sample rank that bounds a row's selection: shared by the
+// bottom-k of the PNN classes (cpu_rows.h) and the evaluator's top-k (masked_topk_cpu.cpp), which
+// both start a long row from a bound taken from a sample of it.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
-#include <utility>
+
+#include "common/quickselect.h"
 
 namespace pnn_fast {
 
-// a[0, rank) become the rank lowest of a[0, size), the rank-th lowest last (1 <= rank <= size).
-// A quickselect whose partition has no data-dependent branch (std::nth_element's mispredicted
-// compares cost more than the whole scan of a row): element i swaps with the first element not
-// below the pivot, and that boundary advances by the comparison's result.
+// a[0, rank) become the rank lowest of a[0, size) (distinct values), the rank-th lowest last.
 template <typename T>
 inline void select_lowest(T* a, int64_t size, int64_t rank) {
-  const int64_t target = rank - 1;
-  int64_t lo = 0, hi = size;  // target is in [lo, hi)
-  while (hi - lo > 16) {
-    const int64_t mid = lo + (hi - lo) / 2, last = hi - 1;
-    // the median of the first, middle and last elements, moved to the end as the pivot
-    if (a[mid] < a[lo]) std::swap(a[mid], a[lo]);
-    if (a[last] < a[lo]) std::swap(a[last], a[lo]);
-    if (a[mid] < a[last]) std::swap(a[mid], a[last]);
-    const T pivot = a[last];
-    int64_t boundary = lo;
-    for (int64_t i = lo; i < last; ++i) {
-      const T e = a[i];
-      const bool below = e < pivot;
-      a[i] = a[boundary];
-      a[boundary] = e;
-      boundary += below;
-    }
-    std::swap(a[boundary], a[last]);
-    if (boundary == target) return;
-    if (target < boundary) {
-      hi = boundary;
-    } else {
-      lo = boundary + 1;
-    }
-  }
-  for (int64_t i = lo + 1; i < hi; ++i) {  // insertion sort of the last few
-    const T e = a[i];
-    int64_t at = i;
-    for (; at > lo && e < a[at - 1]; --at) a[at] = a[at - 1];
-    a[at] = e;
-  }
+  select_first(a, size, rank, [](const T& x, const T& y) { return x < y; });
 }
 
 // The rank, within a sample of every stride-th entry of a row, whose entry bounds the row's

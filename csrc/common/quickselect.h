@@ -1,0 +1,60 @@
+// Selection of the first few elements of a small buffer in a given order, shared by the CPU and
+// CUDA kernels: the evaluator's top-k lanes (topk_row.h) and the CPU's bottom-k of the PNN classes
+// and sampled bounds (cpu/select_lowest.h).
+#pragma once
+
+#include <cstdint>
+
+#include "common/pnn_rows.h"
+
+namespace pnn_fast {
+
+template <typename T>
+PNN_HD inline void swap_values(T& a, T& b) {
+  const T t = a;
+  a = b;
+  b = t;
+}
+
+// a[0, rank) become the `rank` first elements of a[0, size) in the order `before` (a strict order
+// on the elements, which must be distinct under it), a[rank - 1] the rank-th (1 <= rank <= size).
+// A quickselect with a median-of-three pivot, so ascending or descending runs take linear time,
+// not quadratic.  Its partition has no data-dependent branch: element i swaps with the first
+// element not before the pivot, and that boundary advances by the comparison's result.  On the
+// CPU a mispredicted comparison per element (std::nth_element's) cost more than the scan of a row.
+template <typename T, typename Before>
+PNN_HD inline void select_first(T* a, int64_t size, int64_t rank, Before before) {
+  const int64_t target = rank - 1;
+  int64_t lo = 0, hi = size;  // target is in [lo, hi)
+  while (hi - lo > 16) {
+    const int64_t mid = lo + (hi - lo) / 2, last = hi - 1;
+    // the median of the first, middle and last elements, moved to the end as the pivot
+    if (before(a[mid], a[lo])) swap_values(a[mid], a[lo]);
+    if (before(a[last], a[lo])) swap_values(a[last], a[lo]);
+    if (before(a[mid], a[last])) swap_values(a[mid], a[last]);
+    const T pivot = a[last];
+    int64_t boundary = lo;
+    for (int64_t i = lo; i < last; ++i) {
+      const T e = a[i];
+      const bool first = before(e, pivot);
+      a[i] = a[boundary];
+      a[boundary] = e;
+      boundary += first ? 1 : 0;
+    }
+    swap_values(a[boundary], a[last]);
+    if (boundary == target) return;
+    if (target < boundary) {
+      hi = boundary;
+    } else {
+      lo = boundary + 1;
+    }
+  }
+  for (int64_t i = lo + 1; i < hi; ++i) {  // insertion sort of the last few
+    const T e = a[i];
+    int64_t at = i;
+    for (; at > lo && before(e, a[at - 1]); --at) a[at] = a[at - 1];
+    a[at] = e;
+  }
+}
+
+}  // namespace pnn_fast
