@@ -13,7 +13,8 @@ false negatives (never the test split):
 * each term's share of the gradient norm on the item table: (1 - lambda) L_BPR, lambda L_rank,
   lambda alpha L_constrain and lambda beta L_uniform, each differentiated alone.
 
-Writes ``diagnostics.json`` and three PNGs to ``--out``.
+Writes ``diagnostics.json`` (updating the configurations it ran, keeping the others already
+there) and the PNGs to ``--out``.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ CONFIGS = {
     "pnn-paper": ("pnn", {}),
     "pnn-s8-b0": ("pnn", {"in_batch": False, "beta": 0.0}),
     "pnn-ib-hs8-b0": ("pnn", {"hard_negative": "sampled", "beta": 0.0}),
+    "pnn-s8-b0-lt16": ("pnn", {"in_batch": False, "beta": 0.0, "lambda_temperature": 16.0}),
 }
 
 
@@ -179,7 +181,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = load_dataset(args.data, split="rs")
-    results = {}
+    # configurations run before into the same folder are kept, so one can be added at a time
+    saved = out / "diagnostics.json"
+    results = json.loads(saved.read_text()) if saved.exists() else {}
     for name in args.configs.split(","):
         loss, loss_args = CONFIGS[name]
         results[name] = diagnose(data, name, loss, loss_args, args.epochs, args.batches, out)
