@@ -52,9 +52,9 @@ from .csr import CSR
 METRICS = ("recall", "ndcg", "hit", "precision", "mrr")
 
 # Users scored and ranked at a time on the CPU: a tile's [128, I] scores are still in cache when
-# masked_topk reads them, where a 1,024-user batch's went out to memory and back.  At 1 thread the
-# products alone took about half as long in tiles of 128 (ML-1M: 27 against 50 ms a pass; Gowalla:
-# 2.0 against 5.6 s); tiles of 32 to 256 were alike on ML-1M.
+# masked_topk reads them, where a 1,024-user batch's went out to memory and back.  At 1 thread
+# (bench/bench_eval.py) the products alone took 1.9 s a Gowalla pass in tiles of 128 against 4.2 s
+# in batches of 1,024; on ML-1M, whose batch output is smaller, 26 ms against 25-30 ms.
 CPU_SCORE_TILE = 128
 
 
