@@ -300,6 +300,21 @@ def _masked_max(x, mask, fill=float("-inf")):
     return x.masked_fill(~mask, fill).max(dim=1)
 
 
+def same_item_same_score(values: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """values [b, C] with every copy of an item in a row given its first copy's value.  Every backend
+    scores an item once per row (one chain per candidate, the same for equal vectors), and the oracle
+    relies on it (copies split by position, never by score); a BLAS product need not: MKL's float64
+    GEMM on an AMD EPYC rounded 16,186 of the 512 x 462 (row, duplicate pair) scores of one plain
+    problem differently at different column positions."""
+    columns = torch.arange(items.shape[1], device=items.device).expand_as(items)
+    sorted_items, order = torch.sort(items, dim=1, stable=True)  # copies adjacent, in column order
+    starts = torch.ones_like(sorted_items, dtype=torch.bool)
+    starts[:, 1:] = sorted_items[:, 1:] != sorted_items[:, :-1]
+    run_start = torch.cummax(torch.where(starts, columns, torch.zeros_like(columns)), dim=1).values
+    first_copy = order.gather(1, run_start)  # per sorted position: the column of its item's first copy
+    return torch.empty_like(values).scatter_(1, order, values.gather(1, first_copy))
+
+
 class Oracle:
     """The float64 view of a problem: each row's decisions (hard negative, classes), whether they
     are near-ties, and the magnitudes the rounding bounds are made of.
@@ -382,7 +397,8 @@ class Oracle:
         self.has_negative = self.n_neg > 0
 
     def chunks(self):
-        """(start, rows, items [b, C], embeddings [C, d] or [b, C, d], float64 scores, S) per chunk."""
+        """(start, rows, items [b, C], embeddings [C, d] or [b, C, d], float64 scores, S) per chunk;
+        the copies of an item in a row share one score and one S (same_item_same_score)."""
         user, table, candidates = self.p["user_emb"].double(), self.p["item_table"].double(), self.p["candidates"]
         for start in range(0, self.rows, CHUNK):
             r = slice(start, min(self.rows, start + CHUNK))
@@ -390,12 +406,12 @@ class Oracle:
             if self.shared:
                 items = candidates[None, :].expand(u.shape[0], -1)
                 v = table[candidates]
-                yield start, r, items, v, u @ v.T, u.abs() @ v.abs().T
+                s, big = u @ v.T, u.abs() @ v.abs().T
             else:
                 items = candidates[r]
                 v = table[items]
-                yield (start, r, items, v, torch.einsum("bd,bcd->bc", u, v),
-                       torch.einsum("bd,bcd->bc", u.abs(), v.abs()))
+                s, big = torch.einsum("bd,bcd->bc", u, v), torch.einsum("bd,bcd->bc", u.abs(), v.abs())
+            yield start, r, items, v, same_item_same_score(s, items), same_item_same_score(big, items)
 
     @staticmethod
     def class_sum(weights, v):
@@ -841,6 +857,13 @@ def test_detector_flags_planted_ties(dtype):
     # positives 1, 0, 4, 7, 6: rows 0 and 1 lose one of the tied pair, rows 2-4 keep both
     assert oracle.hard_tie.tolist() == [False, False, True, True, True]
     assert not bool(oracle.class_tie.any())
+
+
+def test_copies_of_an_item_share_the_first_copys_score():
+    items = torch.tensor([[5, 3, 5, 3, 7, 5], [1, 1, 1, 2, 2, 0]])
+    values = torch.tensor([[1.0, 2.0, 1.5, 2.5, 9.0, 1.25], [4.0, 4.5, 5.0, 6.0, 6.5, 7.0]], dtype=torch.float64)
+    want = torch.tensor([[1.0, 2.0, 1.0, 2.0, 9.0, 1.0], [4.0, 4.0, 4.0, 6.0, 6.0, 7.0]], dtype=torch.float64)
+    assert torch.equal(same_item_same_score(values, items), want)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
