@@ -133,10 +133,10 @@ struct LaneTopK {
   // Whether a column with this score may be among the k best (true for NaN, so that it is seen).
   PNN_HD bool may_enter(acc_t score) const { return !selected || !(score <= threshold); }
 
-  // Admit only scores above `bound` from the first column on: a bound below which the caller
-  // expects fewer than k columns to be needed.  It holds when finish() keeps k entries that all
-  // score above it; otherwise columns the bound turned away may belong to the k best, and the
-  // caller scans again without one.
+  // Admit only scores above `bound` from the first column on: a bound that the caller expects at
+  // least k columns to score above.  The result holds when finish() keeps k entries that all score
+  // above it; otherwise columns the bound turned away may belong to the k best, and the caller
+  // scans again without one.
   PNN_HD void start_above(acc_t bound) {
     selected = true;
     threshold = bound;
