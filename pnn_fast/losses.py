@@ -137,7 +137,6 @@ class PNNLoss(nn.Module):
         self.candidates_across_ranks = bool(candidates_across_ranks)
         self.backend = backends.check_name(backend)
         self.validate = validate
-        self.lambda_temperature = lambda_temperature
         self.attention = UserAwareAttention(dim, history_len, lambda_temperature) if lambda_mode == "attention" else None
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
