@@ -71,9 +71,20 @@ PNN_HD inline void sift_down(RankedColumn<acc_t>* heap, int64_t size, int64_t at
   heap[at] = moving;
 }
 
-// Heapsort into best-first order (O(n log n) for any k, in place, no recursion).
+// Best-first order: an insertion sort for the few entries of a top-k list (fewer mispredicted
+// branches than a heap's sift-downs at k = 20), a heapsort (O(n log n), in place, no recursion)
+// beyond.
 template <typename acc_t>
 PNN_HD inline void sort_best_first(RankedColumn<acc_t>* entries, int64_t n) {
+  if (n <= 32) {
+    for (int64_t i = 1; i < n; ++i) {
+      const RankedColumn<acc_t> moving = entries[i];
+      int64_t at = i;
+      for (; at > 0 && ranks_above(moving, entries[at - 1]); --at) entries[at] = entries[at - 1];
+      entries[at] = moving;
+    }
+    return;
+  }
   for (int64_t at = n / 2 - 1; at >= 0; --at) sift_down(entries, n, at);
   for (int64_t end = n - 1; end > 0; --end) {  // the lowest-ranked goes to the back
     swap_values(entries[0], entries[end]);
@@ -82,7 +93,9 @@ PNN_HD inline void sort_best_first(RankedColumn<acc_t>* entries, int64_t n) {
 }
 
 // The sorted exclusion rows of one user, with a cursor per set that only moves forward (the
-// lane's columns ascend, so the lookups of a row cost the rows' lengths in all).
+// lane's columns ascend, so the lookups of a row cost the rows' lengths in all): the CUDA lanes'
+// exclusion lookup.  The CPU looks columns up in a bit set instead (masked_topk_cpu.cpp); LaneTopK
+// takes either, as anything with `bool excludes(int64_t column)`.
 struct ExclusionCursors {
   const int64_t* indices[kMaxExcludeSets];
   int64_t next[kMaxExcludeSets];
@@ -144,14 +157,16 @@ struct LaneTopK {
 
   // The next column of the lane (ascending): buffered when it may enter, without a branch on
   // that (it is written to the free slot either way); a full buffer is selected.
-  PNN_HD void consider(acc_t score, int64_t column, ExclusionCursors& exclusions) {
+  template <typename Exclusions>
+  PNN_HD void consider(acc_t score, int64_t column, Exclusions& exclusions) {
     entries[size] = RankedColumn<acc_t>{score, column};
     size += may_enter(score) ? 1 : 0;
     if (size == capacity) select(exclusions);
   }
 
   // Resolve the new entries' exclusions and NaNs, then keep the k best and raise the threshold.
-  PNN_HD void select(ExclusionCursors& exclusions) {
+  template <typename Exclusions>
+  PNN_HD void select(Exclusions& exclusions) {
     for (int64_t at = kept; at < size; ++at) {
       RankedColumn<acc_t>& entry = entries[at];
       if (exclusions.excludes(entry.column)) {
@@ -173,7 +188,8 @@ struct LaneTopK {
   }
 
   // After the scan: the min(size, k) best, best first.
-  PNN_HD int64_t finish(ExclusionCursors& exclusions) {
+  template <typename Exclusions>
+  PNN_HD int64_t finish(Exclusions& exclusions) {
     select(exclusions);
     sort_best_first(entries, size);
     return size;

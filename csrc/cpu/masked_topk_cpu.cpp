@@ -68,16 +68,17 @@ inline int64_t buffer_capacity(int64_t k) { return k + std::max<int64_t>(2 * k, 
 constexpr int64_t kSampledRow = 256;
 constexpr int64_t kSampleStride = 16;
 
-// One user's excluded columns as bits, for the sample (the scan looks exclusions up only for
-// the columns it buffers, with the cursors of topk_row.h).  Words are set for a row and cleared
-// after it, touching only the words of its exclusions.
+// One user's excluded columns as bits: the sample skips them, and a buffered column is looked up
+// in one load, where the sorted rows' cursors (topk_row.h, the CUDA lanes') walked every exclusion
+// of the row up to it.  Words are set for a row and cleared after it, touching only the words of
+// its exclusions.
 class ExcludedBits {
  public:
   explicit ExcludedBits(int64_t cols) : words_((cols + 63) / 64, 0) {}
 
   void mark(const ExclusionSets& sets, int64_t user) { visit(sets, user, true); }
   void clear(const ExclusionSets& sets, int64_t user) { visit(sets, user, false); }
-  bool has(int64_t column) const { return (words_[column >> 6] >> (column & 63)) & 1u; }
+  bool excludes(int64_t column) const { return (words_[column >> 6] >> (column & 63)) & 1u; }
 
  private:
   void visit(const ExclusionSets& sets, int64_t user, bool marking) {
@@ -104,7 +105,7 @@ bool sampled_threshold(const scalar_t* row, int64_t cols, int64_t k, const Exclu
   for (int64_t j = 0; j < cols; j += kSampleStride) {  // without a branch on the column
     const acc_t score = static_cast<acc_t>(row[j]);
     sample[size] = key_t(~order_key(score));
-    size += (score == score) & !excluded.has(j);
+    size += (score == score) & !excluded.excludes(j);
   }
   const int64_t rank = sampled_rank(k, kSampleStride) + 1;  // admission is strictly above it
   if (rank > size) return false;
@@ -144,7 +145,7 @@ __attribute__((target("avx512f"))) int64_t admitted_columns_avx512(const float* 
 // those at or below the threshold when they are reached, which consider() would turn away: every
 // path gives `top` the same state, so the same result.  `positions` is scratch of kChunk entries.
 template <typename scalar_t, typename acc_t>
-void scan_row(const scalar_t* row, int64_t cols, LaneTopK<acc_t>& top, ExclusionCursors& exclusions,
+void scan_row(const scalar_t* row, int64_t cols, LaneTopK<acc_t>& top, const ExcludedBits& exclusions,
               std::vector<int32_t>& positions) {
 #ifdef PNN_SIMD_AVX2_DISPATCH
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -191,28 +192,23 @@ std::tuple<at::Tensor, at::Tensor> masked_topk_cpu(const at::Tensor& scores, con
       std::vector<RankedColumn<acc_t>> buffer(buffer_capacity(k) + 1);
       std::vector<typename KeyOf<acc_t>::type> sample;
       std::vector<int32_t> positions;
-      ExcludedBits excluded(cols >= kSampledRow ? cols : 0);
+      ExcludedBits excluded(cols);
       for (int64_t r = begin; r < end; ++r) {
         const scalar_t* row = S + r * cols;
         LaneTopK<acc_t> top{buffer.data(), k, buffer_capacity(k)};
-        ExclusionCursors exclusions = in.sets.of_user(user[r]);
+        excluded.mark(in.sets, user[r]);
         acc_t threshold;
-        bool bounded = false;
-        if (cols >= kSampledRow) {
-          excluded.mark(in.sets, user[r]);
-          bounded = sampled_threshold(row, cols, k, excluded, sample, threshold);
-          excluded.clear(in.sets, user[r]);
-        }
+        const bool bounded = cols >= kSampledRow && sampled_threshold(row, cols, k, excluded, sample, threshold);
         if (bounded) top.start_above(threshold);
-        scan_row(row, cols, top, exclusions, positions);
-        const int64_t found = top.finish(exclusions);
+        scan_row(row, cols, top, excluded, positions);
+        const int64_t found = top.finish(excluded);
         if (bounded && !(found == k && top.entries[k - 1].value > threshold)) {
           // fewer than k columns above the sampled threshold: every column is offered again
           top = LaneTopK<acc_t>{buffer.data(), k, buffer_capacity(k)};
-          exclusions = in.sets.of_user(user[r]);
-          scan_row(row, cols, top, exclusions, positions);
-          top.finish(exclusions);
+          scan_row(row, cols, top, excluded, positions);
+          top.finish(excluded);
         }
+        excluded.clear(in.sets, user[r]);
         // k entries now: every column was offered until k were kept
         if (top.saw_nan) {
           int64_t seen = first_nan_row.load();
