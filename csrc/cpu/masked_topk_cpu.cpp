@@ -71,10 +71,11 @@ constexpr int64_t kSampleStride = 16;
 // One user's excluded columns as bits: the sample skips them, and a buffered column is looked up
 // in one load, where the sorted rows' cursors (topk_row.h, the CUDA lanes') walked every exclusion
 // of the row up to it.  Words are set for a row and cleared after it, touching only the words of
-// its exclusions.
+// its exclusions.  An exclusion outside [0, cols) matches no column (the op does not check them):
+// it sets no bit.
 class ExcludedBits {
  public:
-  explicit ExcludedBits(int64_t cols) : words_((cols + 63) / 64, 0) {}
+  explicit ExcludedBits(int64_t cols) : cols_(cols), words_((cols + 63) / 64, 0) {}
 
   void mark(const ExclusionSets& sets, int64_t user) { visit(sets, user, true); }
   void clear(const ExclusionSets& sets, int64_t user) { visit(sets, user, false); }
@@ -85,11 +86,13 @@ class ExcludedBits {
     for (int s = 0; s < sets.sets; ++s) {
       for (int64_t at = sets.indptr[s][user]; at < sets.indptr[s][user + 1]; ++at) {
         const int64_t column = sets.indices[s][at];
+        if (column < 0 || column >= cols_) continue;
         words_[column >> 6] = marking ? words_[column >> 6] | (uint64_t{1} << (column & 63)) : 0;
       }
     }
   }
 
+  int64_t cols_;
   std::vector<uint64_t> words_;
 };
 

@@ -136,6 +136,26 @@ def test_excluded_columns_fill_the_tail_in_column_order(device):
     assert columns.tolist() == [[4, 1, 3], [0, 1, 2]]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cols", [40, 600])  # below and above the sampled rows' length
+def test_exclusions_outside_the_columns_match_none(device, cols):
+    """Exclusion ids below 0 or at I and beyond are not checked by the op and match no column: the
+    result equals that of the in-range exclusions alone."""
+    scores = scores_with_ties(6, cols, seed=cols, dtype=torch.float32)
+    users = torch.tensor([0, 1, 2, 0, 1, 2])
+    inside = random_exclusions(3, cols, 0.2, seed=3)
+    rows = torch.repeat_interleave(torch.arange(3), inside.indptr[1:] - inside.indptr[:-1])
+    stray_rows, stray_items = torch.tensor([0, 0, 1, 2, 2]), torch.tensor([-5, cols, cols + 63, cols + 64, 10 * cols])
+    order = torch.argsort(torch.cat([rows, stray_rows]) * (20 * cols) + torch.cat([inside.indices, stray_items]))
+    every_row = torch.cat([rows, stray_rows])[order]
+    indptr = torch.zeros(4, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(torch.bincount(every_row, minlength=3), 0)
+    with_strays = CSR(indptr, torch.cat([inside.indices, stray_items])[order], 3, cols)
+    got = ops.masked_topk(scores.to(device), users.to(device), [with_strays.to(device)], 20)
+    want = ops.masked_topk(scores.to(device), users.to(device), [inside.to(device)], 20)
+    assert torch.equal(got[1].cpu(), want[1].cpu()) and torch.equal(got[0].cpu(), want[0].cpu())
+
+
 def test_results_do_not_depend_on_the_thread_count():
     scores = scores_with_ties(500, 700, seed=6, dtype=torch.float32)
     users = torch.arange(500) % 40
