@@ -168,7 +168,8 @@ def compiled_loss(device: str) -> None:
 
 def ranking_ops(device: str) -> None:
     """masked_topk against the reference: continuous scores with copied (tied) columns, two
-    exclusion sets, k from 1 to past the shared-memory buffers (the global-scratch path on CUDA)."""
+    exclusion sets, k from 1 to past the shared-memory buffers (the global-scratch path on CUDA);
+    rows_contain of its ranked columns in an exclusion set against the reference's."""
     gen = torch.Generator().manual_seed(4)
     rows, cols = 300, 5000
     scores = torch.randn(rows, cols, generator=gen)
@@ -183,6 +184,8 @@ def ranking_ops(device: str) -> None:
         want = reference.masked_topk(scores, users, exclude, k)
         close(f"masked_topk (k {k}, columns)", got[1].cpu(), want[1], rtol=0, atol=0)
         close(f"masked_topk (k {k}, values)", got[0].cpu(), want[0], rtol=0, atol=0)
+        found = ops.rows_contain(exclude[0].to(device), users.to(device), got[1])
+        close(f"rows_contain (k {k})", found.cpu(), reference.rows_contain(exclude[0], users, got[1].cpu()), rtol=0, atol=0)
 
 
 def main() -> None:
@@ -191,7 +194,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also torch.compile(PNNLoss) against eager")
     args = parser.parse_args()
     called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "class_terms", "embedding_bpr",
-              "gathered_dots", "gathered_norm", "pairwise_uniformity", "unknown_items", "history_sample", "masked_topk"}
+              "gathered_dots", "gathered_norm", "pairwise_uniformity", "unknown_items", "history_sample", "masked_topk",
+              "rows_contain"}
     missing = registered_ops(args.device) - called
     if missing:
         raise SystemExit(f"gpu_smoke: registered ops not exercised here: {sorted(missing)}; add them")
@@ -201,7 +205,7 @@ def main() -> None:
     table_ops(args.device)
     print(f"gpu_smoke: table ops ok on {args.device}", flush=True)
     ranking_ops(args.device)
-    print(f"gpu_smoke: masked_topk ok on {args.device}", flush=True)
+    print(f"gpu_smoke: masked_topk and rows_contain ok on {args.device}", flush=True)
     if args.compile:
         compiled_loss(args.device)
         print(f"gpu_smoke: torch.compile(PNNLoss) matches eager on {args.device}", flush=True)

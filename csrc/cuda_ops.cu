@@ -12,4 +12,5 @@
 #include "cuda/history_sample_cuda.cu"
 #include "cuda/masked_topk_cuda.cu"
 #include "cuda/pairwise_uniformity_cuda.cu"
+#include "cuda/rows_contain_cuda.cu"
 #include "cuda/unknown_items_cuda.cu"

@@ -105,4 +105,7 @@ TORCH_LIBRARY(pnn_fast, m) {
   // not excluded is an error (the evaluator's full ranking)
   m.def("masked_topk(Tensor scores, Tensor rows, Tensor[] exclude_indptr, Tensor[] exclude_indices, int k) "
         "-> (Tensor, Tensor)");
+  // bool [B, K]: whether columns[b, k] is among the indices of row rows[b] of a CSR (indptr, indices),
+  // each row sorted ascending (the evaluator's relevance of the ranked items)
+  m.def("rows_contain(Tensor indptr, Tensor indices, Tensor rows, Tensor columns) -> Tensor");
 }

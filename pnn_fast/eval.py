@@ -36,8 +36,9 @@ Cost: users are processed ``batch_size`` at a time.  Each batch is scored by pro
 ``[tile, d] x [d, I]`` (the whole batch on a GPU, :data:`CPU_SCORE_TILE` users on the CPU) and,
 with the compiled kernels, one pass of :func:`pnn_fast.ops.masked_topk` over each that keeps each
 row's K best in a small buffer (a threshold sampled from the row, raised by a quickselect) and
-looks excluded items up only for the few scores that could enter; without them, the reference
-(a masked copy and ``torch.topk``).  Nothing of size users x items is ever allocated.
+looks excluded items up only for the few scores that could enter, then
+:func:`pnn_fast.ops.rows_contain` for the ranked items' relevance; without them, the reference
+(a masked copy and ``torch.topk``; a searchsorted).  Nothing of size users x items is ever allocated.
 """
 from __future__ import annotations
 
@@ -167,11 +168,7 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
                  for at in range(0, users.numel(), tile)]
         values = torch.cat([tile_values for tile_values, _ in tiles])  # [B, K]
         top = torch.cat([tile_top for _, tile_top in tiles])  # [B, K]
-        # relevance of the ranked items: look each (row, item) up among the rows' sorted truth keys
-        rows, items = truth.entries_of(users)
-        truth_keys = rows * num_items + items  # ascending: rows in order, items sorted within a row
-        ranked_keys = torch.arange(users.numel(), device=device)[:, None] * num_items + top
-        found = truth_keys[torch.searchsorted(truth_keys, ranked_keys).clamp_(max=truth_keys.numel() - 1)] == ranked_keys
+        found = ranking.rows_contain(truth, users, top)  # relevance of the ranked items
         hits = torch.zeros(users.numel(), max_k, dtype=torch.float64, device=device)
         hits[:, :ranked] = (found & (values > -math.inf)).double()
 

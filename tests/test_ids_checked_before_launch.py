@@ -46,6 +46,9 @@ def bad_calls(device: str) -> list:
          "ids has ids outside"),
         ("masked_topk rows", lambda: ops.masked_topk(scores, torch.tensor([0, 2], device=device), [no_exclusions], 2),
          "rows has ids outside"),
+        ("rows_contain rows", lambda: ops.rows_contain(no_exclusions, torch.tensor([2, 0], device=device),
+                                                       torch.zeros(2, 3, dtype=torch.int64, device=device)),
+         "rows has ids outside"),
     ]
 
 

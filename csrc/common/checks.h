@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -101,6 +102,17 @@ inline void check_ids_below(const char* op, const at::Tensor& ids, int64_t bound
               " has ids outside [0, ", bound, ")");
 }
 
+// That indptr (int64, 1-D, on the device) partitions indices: it rises from 0 to indices.numel().
+// Synchronises on CUDA.
+inline void check_partition(const char* op, const at::Tensor& indptr, const at::Tensor& indices,
+                            const std::string& indptr_name, const std::string& indices_name) {
+  TORCH_CHECK_VALUE(indptr.numel() >= 1, op, ": ", indptr_name, " is empty (it needs num_rows + 1 entries)");
+  const bool partition = indptr.numel() == 1 ? indptr.item<int64_t>() == 0
+      : (indptr[0].item<int64_t>() == 0 && (indptr.slice(0, 1) >= indptr.slice(0, 0, -1)).all().item<bool>());
+  TORCH_CHECK_VALUE(partition && indptr[-1].item<int64_t>() == indices.numel(), op, ": ", indptr_name,
+                    " must rise from 0 to the length of ", indices_name, " (", indices.numel(), ")");
+}
+
 // Contiguous, checked inputs of masked_topk (the tensors keep the raw pointers of `sets` alive).
 struct MaskedTopkInputs {
   at::Tensor scores, rows;
@@ -132,11 +144,8 @@ inline MaskedTopkInputs prepare_masked_topk(const char* op, const at::Tensor& sc
     check_tensor(op, scores, exclude_indptr[s], "exclude_indptr", at::kLong, {-1}, "scores");
     check_tensor(op, scores, exclude_indices[s], "exclude_indices", at::kLong, {-1}, "scores");
     const at::Tensor indptr = exclude_indptr[s].contiguous(), indices = exclude_indices[s].contiguous();
-    TORCH_CHECK_VALUE(indptr.numel() >= 1, op, ": exclude_indptr[", s, "] is empty (it needs num_users + 1 entries)");
-    const bool partition = indptr.numel() == 1 ? indptr.item<int64_t>() == 0
-        : (indptr[0].item<int64_t>() == 0 && (indptr.slice(0, 1) >= indptr.slice(0, 0, -1)).all().item<bool>());
-    TORCH_CHECK_VALUE(partition && indptr[-1].item<int64_t>() == indices.numel(), op, ": exclude_indptr[", s,
-                      "] must rise from 0 to the length of exclude_indices[", s, "] (", indices.numel(), ")");
+    const std::string set = "[" + std::to_string(s) + "]";
+    check_partition(op, indptr, indices, "exclude_indptr" + set, "exclude_indices" + set);
     check_ids_below(op, in.rows, indptr.numel() - 1, "rows");
     // (an exclude_indices entry outside [0, I) never matches a column, so it is harmless: not checked)
     in.sets.indptr[s] = indptr.data_ptr<int64_t>();
@@ -145,6 +154,26 @@ inline MaskedTopkInputs prepare_masked_topk(const char* op, const at::Tensor& sc
     in.indices.push_back(indices);
   }
   in.sets.sets = static_cast<int>(exclude_indptr.size());
+  return in;
+}
+
+// Contiguous, checked inputs of rows_contain.
+struct RowsContainInputs {
+  at::Tensor indptr, indices, rows, columns;
+};
+
+// Shapes, dtypes and devices; rows within the CSR; indptr a partition of indices.  Not checked (an
+// O(nnz) pass per call): that each row's indices ascend, the op's precondition.  Synchronises on CUDA.
+inline RowsContainInputs prepare_rows_contain(const char* op, const at::Tensor& indptr, const at::Tensor& indices,
+                                              const at::Tensor& rows, const at::Tensor& columns) {
+  TORCH_CHECK(columns.dim() == 2 && columns.scalar_type() == at::kLong, op,
+              ": columns must be an int64 [B, K] tensor, got ", columns.scalar_type(), " ", columns.sizes());
+  check_tensor(op, columns, rows, "rows", at::kLong, {columns.size(0)}, "columns");
+  check_tensor(op, columns, indptr, "indptr", at::kLong, {-1}, "columns");
+  check_tensor(op, columns, indices, "indices", at::kLong, {-1}, "columns");
+  RowsContainInputs in{indptr.contiguous(), indices.contiguous(), rows.contiguous(), columns.contiguous()};
+  check_partition(op, in.indptr, in.indices, "indptr", "indices");
+  check_ids_below(op, in.rows, in.indptr.numel() - 1, "rows");
   return in;
 }
 

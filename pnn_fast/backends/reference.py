@@ -294,3 +294,18 @@ def masked_topk(scores: torch.Tensor, users: torch.Tensor, exclude: Sequence[CSR
     if nan_rows.numel():
         raise ValueError(f"scores row {int(nan_rows[0])} has a NaN at a column that is not excluded")
     return _topk_lowest_column_on_ties(scores, k)
+
+
+def rows_contain(csr: CSR, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """``columns[b, k] in csr's row rows[b]`` (as :func:`pnn_fast.ops.rows_contain`): each
+    (row, column) pair looked up among the rows' pairs, as keys ``position * num_cols + column``.
+
+    csr: rows sorted ascending; rows: int [B]; columns: int [B, K].  Returns bool [B, K].
+    """
+    positions, items = csr.entries_of(rows)
+    keys = positions * csr.num_cols + items  # ascending: positions in order, items sorted within a row
+    if keys.numel() == 0:
+        return torch.zeros(columns.shape, dtype=torch.bool, device=columns.device)
+    inside = (columns >= 0) & (columns < csr.num_cols)  # outside columns would alias a neighbour's key
+    wanted = torch.arange(rows.numel(), device=columns.device)[:, None] * csr.num_cols + columns.long()
+    return (keys[torch.searchsorted(keys, wanted).clamp_(max=keys.numel() - 1)] == wanted) & inside

@@ -26,7 +26,9 @@ from .hard_negative_argmax import hard_negative_argmax
 from .history_sample import history_sample
 from .masked_topk import masked_topk
 from .pairwise_uniformity import pairwise_uniformity
+from .rows_contain import rows_contain
 from .unknown_items import unknown_items
 
 __all__ = ["class_centroids", "class_terms", "count_unlabeled", "embedding_bpr", "gathered_dots", "gathered_norm",
-           "hard_negative_argmax", "history_sample", "masked_topk", "pairwise_uniformity", "unknown_items"]
+           "hard_negative_argmax", "history_sample", "masked_topk", "pairwise_uniformity", "rows_contain",
+           "unknown_items"]
