@@ -17,7 +17,8 @@ Plan::
     [[datasets]]                    # one or more
     name = "ml-1m"                  # required in every [[...]] entry: letters, digits, '-' and '_'
     path = "../shared/data/ml-1m"   # required; relative to the current directory; "synthetic": built-in data
-    split = "rs"                    # optional: format, split, rating_threshold, kcore (see load_dataset)
+    split = "rs"                    # optional: format, split, rating_threshold, kcore, hide_train_share
+                                    # (see load_dataset)
 
     [[models]]                      # one or more
     name = "lightgcn-3"
@@ -91,7 +92,8 @@ _OVERRIDE_KINDS = {f.name: list[int] if isinstance(f.default, tuple) else type(f
 _COMMON_KEYS = {"seeds": list[int], **_OVERRIDE_KINDS}
 _SECTION_KEYS = {
     "study": {"name": str, "baselines": list[str]},
-    "datasets": {"name": str, "path": str, "format": str, "split": str, "rating_threshold": float, "kcore": int},
+    "datasets": {"name": str, "path": str, "format": str, "split": str, "rating_threshold": float, "kcore": int,
+                 "hide_train_share": float},
     "models": {"name": str, "model": str, "model_args": dict},
     "configs": {"name": str, "loss": str, "loss_args": dict},
 }
@@ -109,12 +111,13 @@ class DatasetSpec:
     split: str = "auto"
     rating_threshold: float | None = None
     kcore: int = 0
+    hide_train_share: float = 0.0
 
     def load(self) -> Dataset:
         if self.path == SYNTHETIC:
             return synthetic_dataset()
         return load_dataset(self.path, format=self.format, split=self.split, rating_threshold=self.rating_threshold,
-                            kcore=self.kcore)
+                            kcore=self.kcore, hide_train_share=self.hide_train_share)
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,8 @@ class _PlanReader:
     def dataset(self, where: str, entry: dict) -> DatasetSpec:
         if "path" not in entry:
             raise self.error(f"{where}.path", "missing")
-        options = {key: entry[key] for key in ("format", "split", "rating_threshold", "kcore") if key in entry}
+        options = {key: entry[key] for key in ("format", "split", "rating_threshold", "kcore", "hide_train_share")
+                   if key in entry}
         if entry["path"] == SYNTHETIC:
             if options:
                 raise self.error(f"{where}.{next(iter(options))}",
@@ -251,6 +255,8 @@ class _PlanReader:
                 raise self.error(f"{where}.{key}", f"choose one of {list(choices)}, got {options[key]!r}")
         if options.get("kcore", 0) < 0:
             raise self.error(f"{where}.kcore", f"expected an integer >= 0, got {options['kcore']}")
+        if not 0 <= options.get("hide_train_share", 0) < 1:
+            raise self.error(f"{where}.hide_train_share", f"expected a number in [0, 1), got {options['hide_train_share']}")
         return DatasetSpec(entry["name"], str(path.resolve()), **options)
 
     def read(self, plan: dict) -> Plan:

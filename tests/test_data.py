@@ -13,6 +13,7 @@ from pnn_fast.data import (
     DataFormatError,
     Dataset,
     load_dataset,
+    random_share_by_user,
     random_split_by_user,
     split_counts,
     synthetic_dataset,
@@ -394,6 +395,40 @@ def test_rs_split_through_load_dataset(tmp_path):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     other = load_dataset(path, seed=6)
     assert not torch.equal(other.test[1], ds.test[1])
+
+
+def test_hide_train_share_moves_a_share_of_each_users_training_pairs_out(tmp_path):
+    users = _toy_users().tolist()
+    lines = [f"{u},{(u * 7 + k) % 97}" for k, u in enumerate(users)]
+    path = write(tmp_path, "toy.csv", "\n".join(lines) + "\n")
+    clean = load_dataset(path, seed=5)
+    hidden = load_dataset(path, seed=5, hide_train_share=0.25)
+    check_well_formed(hidden)
+    # valid and test as they were; train = clean train minus the hidden pairs, which no split has
+    for split in ("valid", "test"):
+        assert original_pairs(hidden, split) == original_pairs(clean, split)
+    moved = {(hidden.user_ids[u], hidden.item_ids[i]) for u, i in zip(*(t.tolist() for t in hidden.hidden))}
+    assert moved and original_pairs(hidden, "train") | moved == original_pairs(clean, "train")
+    assert not original_pairs(hidden, "train") & moved
+    # floor(share * n) per user, so a user with fewer than 4 training pairs keeps them all
+    train_sizes = torch.bincount(clean.train[0], minlength=clean.num_users)
+    assert torch.equal(torch.bincount(hidden.hidden[0], minlength=clean.num_users), train_sizes // 4)
+    assert "training pairs hidden (unlabeled)" in hidden.summary()
+    # seeded: the same pairs again, others under another seed; no share, nothing hidden
+    again = load_dataset(path, seed=5, hide_train_share=0.25)
+    assert torch.equal(again.hidden[1], hidden.hidden[1]) and torch.equal(again.hidden[0], hidden.hidden[0])
+    assert not torch.equal(load_dataset(path, seed=6, hide_train_share=0.25).hidden[1], hidden.hidden[1])
+    assert clean.hidden is None
+    for bad in (-0.1, 1.0, float("nan"), True, "0.1"):
+        with pytest.raises(ValueError, match="hide_train_share must be a number in \\[0, 1\\)"):
+            load_dataset(path, hide_train_share=bad)
+
+
+def test_random_share_by_user_is_uniform_within_a_user():
+    users = torch.zeros(10, dtype=torch.int64)
+    picks = torch.stack([random_share_by_user(users, 1, 0.3, seed) for seed in range(2000)]).double()
+    assert torch.equal(picks.sum(1), torch.full((2000,), 3.0))
+    assert (picks.mean(0) - 0.3).abs().max() < 0.05  # each interaction about 30% of the time
 
 
 # --------------------------------------------------------------------------- real data

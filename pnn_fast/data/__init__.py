@@ -6,13 +6,14 @@
 """
 from .dataset import DataFormatError, Dataset
 from .loaders import load_dataset
-from .split import random_split_by_user, split_counts
+from .split import random_share_by_user, random_split_by_user, split_counts
 from .synthetic import synthetic_dataset
 
 __all__ = [
     "DataFormatError",
     "Dataset",
     "load_dataset",
+    "random_share_by_user",
     "random_split_by_user",
     "split_counts",
     "synthetic_dataset",

@@ -48,6 +48,8 @@ class Dataset:
         item_ids: the same for items.
         duplicates: copies of (user, item) pairs that the files list more than once (after the
             rating threshold), dropped by the loader; 0 for synthetic data.
+        hidden: training pairs the loader hid (``hide_train_share``), sorted as the splits, or
+            ``None``: in no split, so unlabeled to the model.
     """
 
     name: str
@@ -59,14 +61,18 @@ class Dataset:
     user_ids: list | None = None
     item_ids: list | None = None
     duplicates: int = 0
+    hidden: Pairs | None = None
 
     def summary(self) -> str:
         """One line: users, items, interactions per split and density, and the duplicate pairs
-        dropped when there were any (a silently shrunken data set would go unnoticed)."""
+        dropped and training pairs hidden when there were any (a silently shrunken data set would
+        go unnoticed)."""
         sizes = [int(split[0].numel()) for split in (self.train, self.valid, self.test)]
         total = sum(sizes)
         density = total / max(self.num_users * self.num_items, 1)
         dropped = f"; {self.duplicates:,} duplicate (user, item) pairs dropped" if self.duplicates else ""
+        if self.hidden is not None:
+            dropped += f"; {int(self.hidden[0].numel()):,} training pairs hidden (unlabeled)"
         return (
             f"{self.name}: {self.num_users:,} users, {self.num_items:,} items, "
             f"{total:,} interactions (train {sizes[0]:,} / valid {sizes[1]:,} / test {sizes[2]:,}), "

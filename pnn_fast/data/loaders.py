@@ -7,7 +7,9 @@ Processing order (RecBole's, so that ``split="rs"`` follows the paper's protocol
 3. drop duplicate (user, item) pairs, keeping one;
 4. ``kcore``: iteratively drop users and items with fewer than ``kcore`` interactions;
 5. remap ids to 0-based contiguous ids;
-6. split (the files' own split, or RecBole's per-user random split).
+6. split (the files' own split, or RecBole's per-user random split);
+7. ``hide_train_share``: hide a random share of each user's training interactions (they become
+   unlabeled: simulated false negatives, the paper's Fig. 3).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 
 from .dataset import Dataset
 from .parsers import RawInteractions, read_atomic_inter, read_csv, read_lightgcn, read_movielens_dat
-from .split import normalized_ratios, random_split_by_user
+from .split import normalized_ratios, random_share_by_user, random_split_by_user
 
 FORMATS = ("auto", "lightgcn", "inter", "movielens", "csv")
 SPLITS = ("auto", "files", "rs")
@@ -38,6 +40,7 @@ def load_dataset(
     seed: int = 2020,
     rating_threshold: float | None = None,
     kcore: int = 0,
+    hide_train_share: float = 0.0,
 ) -> Dataset:
     """Load an implicit-feedback dataset and split it into train / valid / test.
 
@@ -68,6 +71,10 @@ def load_dataset(
             until none is left (RecBole's ``user_inter_num_interval`` /
             ``item_inter_num_interval = "[kcore,inf)"``).  It runs on all the
             interactions before splitting, also for ``split="files"``.
+        hide_train_share: in [0, 1): after the split, ``floor(share * n)`` of each user's ``n``
+            training interactions, drawn at random (seeded by ``seed + 1``, so the same for every
+            model seed), leave the training set and no other split takes them: the model sees them
+            as unlabeled items, and valid and test stay as they were (``Dataset.hidden``).
 
     Returns:
         A :class:`Dataset`.  Only users and items with at least one interaction
@@ -93,6 +100,9 @@ def load_dataset(
     ratios = normalized_ratios(ratios)
     if isinstance(kcore, bool) or not isinstance(kcore, int) or kcore < 0:
         raise ValueError(f"kcore must be an int >= 0, got {kcore!r}")
+    if isinstance(hide_train_share, bool) or not isinstance(hide_train_share, (int, float)) \
+            or not 0 <= hide_train_share < 1:
+        raise ValueError(f"hide_train_share must be a number in [0, 1), got {hide_train_share!r}")
 
     path = Path(path)
     files = _find_files(path, format)  # [(file, reader, part or None)]
@@ -147,6 +157,12 @@ def load_dataset(
             part_t[train[carved == 1]] = 1
 
     splits = [(users_t[part_t == p], items_t[part_t == p]) for p in range(3)]
+    hidden = None
+    if hide_train_share > 0:
+        train_users, train_items = splits[0]
+        chosen = random_share_by_user(train_users, num_users, float(hide_train_share), seed + 1)
+        hidden = (train_users[chosen], train_items[chosen])
+        splits[0] = (train_users[~chosen], train_items[~chosen])
     return Dataset(
         name=path.name if path.is_dir() else path.stem,
         num_users=int(num_users),
@@ -157,6 +173,7 @@ def load_dataset(
         user_ids=[user_originals[k] for k in used_users],
         item_ids=[item_originals[k] for k in used_items],
         duplicates=int(duplicates),
+        hidden=hidden,
     )
 
 

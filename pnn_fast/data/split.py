@@ -86,6 +86,24 @@ def split_counts(sizes: torch.Tensor, ratios: Sequence[float]) -> torch.Tensor:
     return torch.stack(counts, dim=1)
 
 
+def _random_ranks_by_user(users: torch.Tensor, num_users: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each interaction's 0-based rank within its user in a random order, and the users' sizes.
+
+    One ``torch.randperm`` seeded with ``seed`` shuffles the interactions and a stable sort by user
+    groups them: users int64 [n] -> (rank int64 [n], in the input's order; sizes int64 [num_users]).
+    """
+    users = users.to(torch.int64)
+    n = users.numel()
+    generator = torch.Generator().manual_seed(int(seed))
+    perm = torch.randperm(n, generator=generator)
+    order = perm[torch.argsort(users[perm], stable=True)]
+    sizes = torch.bincount(users, minlength=num_users)
+    starts = torch.cumsum(sizes, 0) - sizes
+    rank = torch.empty(n, dtype=torch.int64)
+    rank[order] = torch.arange(n) - starts[users[order]]
+    return rank, sizes
+
+
 def random_split_by_user(users: torch.Tensor, num_users: int, ratios: Sequence[float], seed: int) -> torch.Tensor:
     """Assign every interaction to a part: a per-user random split with RecBole's counts.
 
@@ -101,19 +119,26 @@ def random_split_by_user(users: torch.Tensor, num_users: int, ratios: Sequence[f
         User ``u`` has exactly ``split_counts(sizes, ratios)[u, p]`` interactions in part ``p``.
     """
     users = users.to(torch.int64)
-    n = users.numel()
-    generator = torch.Generator().manual_seed(int(seed))
-    perm = torch.randperm(n, generator=generator)
-    # Random order within each user: shuffle, then a stable sort by user.
-    order = perm[torch.argsort(users[perm], stable=True)]
-    grouped_users = users[order]
-
-    sizes = torch.bincount(users, minlength=num_users)
-    starts = torch.cumsum(sizes, 0) - sizes
-    position = torch.arange(n) - starts[grouped_users]  # 0-based rank within the user
+    rank, sizes = _random_ranks_by_user(users, num_users, seed)
     ends = torch.cumsum(split_counts(sizes, ratios), dim=1)  # [num_users, parts], exclusive ends
-    grouped_part = (position.unsqueeze(1) >= ends[grouped_users]).sum(dim=1)
+    return (rank.unsqueeze(1) >= ends[users]).sum(dim=1)
 
-    part = torch.empty(n, dtype=torch.int64)
-    part[order] = grouped_part
-    return part
+
+def random_share_by_user(users: torch.Tensor, num_users: int, share: float, seed: int) -> torch.Tensor:
+    """A random ``share`` of each user's interactions: ``floor(share * n_u)`` of the user's ``n_u``.
+
+    Used to hide training interactions (simulated false negatives).  Rounding down keeps at least
+    one interaction of every user for ``share < 1``, and hides none of a user with fewer than
+    ``1 / share`` of them.
+
+    Args:
+        users: int64 [n], as :func:`random_split_by_user`; share: in [0, 1); seed: the shuffle's.
+    Returns:
+        bool [n], True for the chosen interactions.
+    """
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"share must lie in [0, 1), got {share!r}")
+    users = users.to(torch.int64)
+    rank, sizes = _random_ranks_by_user(users, num_users, seed)
+    chosen = torch.floor(share * sizes.to(torch.float64)).to(torch.int64)
+    return rank < chosen[users]
