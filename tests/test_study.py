@@ -228,3 +228,31 @@ def test_sigterm_stops_the_workers_too(tmp_path):
     alive = [pid for pid in children if Path(f"/proc/{pid}").exists()
              and "spawn" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert alive == []
+
+
+def test_the_alpha_beta_script_draws_the_grid_and_chooses_on_valid(tmp_path):
+    """studies/alpha_beta.py on a real 2 x 2 grid of one-epoch PNN runs (one point left unfinished)."""
+    grid = "".join(f'\n[[configs]]\nname = "pnn-a{a}-b{b}"\nloss = "pnn"\nloss_args = {{ alpha = {a}.0, beta = {b}.0 }}\n'
+                   for a in (0, 1) for b in (0, 1))
+    plan = tmp_path / "grid.toml"
+    plan.write_text(PLAN.replace("seeds = [1, 2, 3]", "seeds = [1]").replace("epochs = 2", "epochs = 1") + grid)
+    out = tmp_path / "out"
+    assert study(plan, out, "--only", "syn/mf/[!p]*/*") == 0  # the baselines
+    assert study(plan, out, "--only", "syn/mf/pnn-a[01]-b0/*") == 0
+    assert study(plan, out, "--only", "syn/mf/pnn-a0-b1/*") == 0  # pnn-a1-b1 stays unfinished
+    done = subprocess.run([sys.executable, str(ROOT / "studies" / "alpha_beta.py"), str(plan), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    table = (out / "alpha_beta.md").read_text()
+    assert "3 of 4 grid points finished" in table and (out / "alpha_beta.png").stat().st_size > 0
+    valid = {}
+    for a in (0, 1):
+        for b in (0, 1):
+            path = out / "cells" / "syn" / "mf" / f"pnn-a{a}-b{b}" / "seed1" / "results.json"
+            if path.exists():
+                valid[(a, b)] = json.loads(path.read_text())["best_valid"]
+    (a, b), best = max(valid.items(), key=lambda item: item[1])
+    assert f"**Chosen on valid** among the finished points: alpha {a}, beta {b} (valid {best:.4f}" in table
+    assert "| 1 | " in table and " — |" in table  # the unfinished point is blank
+    assert "- dns: valid" in table and "- bpr: valid" in table
+
