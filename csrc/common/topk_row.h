@@ -9,7 +9,8 @@
 // its k best (a quickselect) and raises the admission threshold to the k-th best score.  Because
 // a lane's columns ascend, a later column never wins a tie, so "score > threshold" is the whole
 // admission test: the hot loop of both kernels is that one comparison.  Exclusions are looked up
-// (with cursors that only move forward) and NaN detected only for the buffered columns.
+// (a CUDA lane with cursors that only move forward, the CPU in a bit set of the row's exclusions)
+// and NaN detected only for the buffered columns.
 #pragma once
 
 #include <cstdint>
