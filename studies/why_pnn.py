@@ -15,6 +15,14 @@ false negatives (never the test split):
 
 Writes ``diagnostics.json`` (updating the configurations it ran, keeping the others already
 there) and the PNGs to ``--out``.
+
+With ``--hide-train-share 0.1`` (the paper's Fig. 3 setting, ``load_dataset``'s option) a random
+10% of each user's training pairs is hidden from training, and those hidden pairs, not the valid
+split, are the known false negatives whose placement is measured: where PNN puts real positives it
+was never told about.
+
+    python studies/why_pnn.py --data ../shared/data/ml-100k --epochs 30 --hide-train-share 0.1 \
+        --configs dns,pnn-paper,pnn-dns-anchored --out docs/why-pnn/false-negatives
 """
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ CONFIGS = {
     "pnn-s8-b0": ("pnn", {"in_batch": False, "beta": 0.0}),
     "pnn-ib-hs8-b0": ("pnn", {"hard_negative": "sampled", "beta": 0.0}),
     "pnn-s8-b0-lt16": ("pnn", {"in_batch": False, "beta": 0.0, "lambda_temperature": 16.0}),
+    "pnn-dns-anchored": ("pnn", {"preset": "dns-anchored"}),
 }
 
 
@@ -87,10 +96,10 @@ def gradient_shares(trainer: Trainer, users, pos, neg) -> dict:
     return norms
 
 
-def diagnose(data, name: str, loss: str, args: dict, epochs: int, batches: int, out: Path) -> list:
+def diagnose(data, held_out_pairs, name: str, loss: str, args: dict, epochs: int, batches: int, out: Path) -> list:
     torch.manual_seed(0)
     trainer = Trainer(data, TrainConfig(loss=loss, loss_args=args, epochs=epochs, seed=2020), out / "runs" / name)
-    held_out = KnownPositives.from_pairs(*data.valid, data.num_users, data.num_items)
+    held_out = KnownPositives.from_pairs(*held_out_pairs, data.num_users, data.num_items)
     probe = torch.Generator().manual_seed(7)
     order = torch.randperm(trainer.train_users.numel(), generator=probe)[:batches * 2048]
     history = []
@@ -100,7 +109,8 @@ def diagnose(data, name: str, loss: str, args: dict, epochs: int, batches: int, 
         placement, grads, lambdas = {}, {}, []
         for chunk in order.split(2048):
             users, pos = trainer.train_users[chunk], trainer.train_items[chunk]
-            in_batch = loss == "pnn" and args.get("in_batch", True)
+            # the loss's own setting (a preset sets it without an in_batch argument)
+            in_batch = loss == "pnn" and trainer.objective.loss_fn.num_candidates is None
             candidates = pos if in_batch else sample_unknown(trainer.known, users, 8, probe)
             with torch.no_grad():
                 for key, value in class_placement(trainer, held_out, users, pos, candidates).items():
@@ -177,16 +187,19 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4, help="training batches of 2048 probed per epoch")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--out", default="docs/why-pnn")
+    parser.add_argument("--hide-train-share", type=float, default=0.0,
+                        help="hide this share of each user's training pairs; they become the false negatives measured")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = load_dataset(args.data, split="rs")
+    data = load_dataset(args.data, split="rs", hide_train_share=args.hide_train_share)
+    held_out_pairs = data.hidden if args.hide_train_share > 0 else data.valid
     # configurations run before into the same folder are kept, so one can be added at a time
     saved = out / "diagnostics.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
     for name in args.configs.split(","):
         loss, loss_args = CONFIGS[name]
-        results[name] = diagnose(data, name, loss, loss_args, args.epochs, args.batches, out)
+        results[name] = diagnose(data, held_out_pairs, name, loss, loss_args, args.epochs, args.batches, out)
         (out / "diagnostics.json").write_text(json.dumps(results, indent=1))
     plot(results, out)
 
