@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/pnn_rows.h"
 
@@ -19,7 +20,7 @@ namespace pnn_fast {
 template <typename T>
 PNN_HD inline void copy_element(T& to, const T& from) {
 #if defined(__SSE2__) && !defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 16) {
+  if constexpr (sizeof(T) == 16 && std::is_trivially_copyable_v<T>) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(&to), _mm_loadu_si128(reinterpret_cast<const __m128i*>(&from)));
     return;
   }
