@@ -30,31 +30,24 @@ from pnn_fast.study import load_plan  # noqa: E402
 METRIC = "ndcg@20"
 
 
-def finished(cells, out: Path) -> list[dict]:
-    """The results.json of each finished cell among ``cells``."""
-    found = []
-    for cell in cells:
-        path = cell.folder(out) / "results.json"
-        if path.is_file():
-            found.append(json.loads(path.read_text()))
-    return found
+def scores(cells, out: Path) -> tuple[float, float, int] | None:
+    """(mean valid score at the best epoch, mean test METRIC, seeds) over the finished cells among
+    ``cells``; None when none has finished."""
+    results = [json.loads(path.read_text()) for path in (cell.folder(out) / "results.json" for cell in cells)
+               if path.is_file()]
+    if not results:
+        return None
+    return (float(np.mean([r["best_valid"] for r in results])), float(np.mean([r["test"][METRIC] for r in results])),
+            len(results))
 
 
 def grid_scores(plan, out: Path) -> tuple[list[float], list[float], dict]:
     """(alphas, betas, {(alpha, beta): (valid mean, test mean, seeds)}) of the plan's PNN grid."""
     points = {}
-    for (_, _, config), cells in plan.groups.items():
+    for cells in plan.groups.values():
         args = cells[0].train_config.loss_args
-        if cells[0].train_config.loss != "pnn" or "alpha" not in args or "beta" not in args:
-            continue
-        results = finished(cells, out)
-        if results:
-            points[(float(args["alpha"]), float(args["beta"]))] = (
-                float(np.mean([r["best_valid"] for r in results])),
-                float(np.mean([r["test"][METRIC] for r in results])),
-                len(results))
-        else:
-            points.setdefault((float(args["alpha"]), float(args["beta"])), None)
+        if cells[0].train_config.loss == "pnn" and "alpha" in args and "beta" in args:
+            points[(float(args["alpha"]), float(args["beta"]))] = scores(cells, out)
     alphas = sorted({a for a, _ in points})
     betas = sorted({b for _, b in points})
     return alphas, betas, points
@@ -62,14 +55,8 @@ def grid_scores(plan, out: Path) -> tuple[list[float], list[float], dict]:
 
 def baseline_scores(plan, out: Path) -> dict:
     """{config: (valid mean, test mean, seeds)} of the plan's baselines that have finished cells."""
-    scores = {}
-    for (_, _, config), cells in plan.groups.items():
-        if config in plan.baselines:
-            results = finished(cells, out)
-            if results:
-                scores[config] = (float(np.mean([r["best_valid"] for r in results])),
-                                  float(np.mean([r["test"][METRIC] for r in results])), len(results))
-    return scores
+    found = {config: scores(cells, out) for (_, _, config), cells in plan.groups.items() if config in plan.baselines}
+    return {config: value for config, value in found.items() if value}
 
 
 def matrix(alphas, betas, points, which: int) -> np.ndarray:
