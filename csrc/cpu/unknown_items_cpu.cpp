@@ -12,7 +12,6 @@
 
 #include <atomic>
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -26,6 +25,10 @@ namespace {
 
 // What a draw with no known item (or a bad one) searches: one entry above every rank, so m = 0.
 constexpr int64_t kAboveEveryRank[1] = {std::numeric_limits<int64_t>::max()};
+
+// The bits a non-negative n needs (0 for 0): std::bit_width, which is C++20, and torch builds
+// extensions as C++17 before 2.13.
+inline int64_t bit_width(int64_t n) { return n == 0 ? 0 : 64 - __builtin_clzll(static_cast<uint64_t>(n)); }
 
 // Rows with at least this many draws are indexed, when their known lists are short enough to pay back.
 constexpr int64_t kIndexMinDraws = 32;
@@ -87,7 +90,7 @@ at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& k
         int64_t* row_out = out + b * per_row;
         // the index costs about count + free / 2^shift (about 2 count) steps, the searches
         // per_row * log2(count) dependent ones
-        const bool indexed = per_row * (static_cast<int64_t>(std::bit_width(static_cast<uint64_t>(count))) + 1) > 2 * count;
+        const bool indexed = per_row * (bit_width(count) + 1) > 2 * count;
         if (indexed && free > 0) index.build(known + first, count, free);
         for (int64_t k = 0; k < per_row; ++k) {
           if (!valid(free, draws[k])) {
