@@ -16,11 +16,12 @@
 # cases of the op, backend, loss, attention, parity and id-check tests (opcheck included; pytest-xdist
 # workers, so that a crash costs its test and not the rest); bench/gpu_smoke.py, every kernel forward and
 # backward against the reference plus torch.compile(PNNLoss) against eager; the same workload under
-# compute-sanitizer memcheck and racecheck; bench_pnn_loss.py on CUDA at B = 2048 and 8192
+# compute-sanitizer memcheck; bench_pnn_loss.py on CUDA at B = 2048 and 8192
 # (reference, torch.compile(reference), fused: ms and torch.cuda.max_memory_allocated) and
 # torch.profiler's top kernels of the fused step at B = 8192 (--profile); one ML-1M epoch each
-# of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); the CPU
-# kernels' tests on the machine's 16 cores (thread-count bugs that 2 cores hide).
+# of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); racecheck over the smoke workload; the CPU
+# kernels' tests on the machine's 16 cores (thread-count bugs that 2 cores hide). Every step's whole log
+# comes back in $OUT/logs.tar.gz; the report quotes each log's error lines and its end.
 set -uo pipefail
 
 DRY_RUN=0
@@ -89,7 +90,7 @@ else
   run extension 60 "$PYTHON" -c "import torch, pnn_fast; info = pnn_fast.build_info(); print(info); \
 assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no GPU'"
   run linkage 60 bash -c linkage
-  run tests-cuda 300 "$PYTHON" -m pytest -q -p no:cacheprovider -p xdist -n 4 --max-worker-restart 50 -rfE \
+  run tests-cuda 300 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:logging -p xdist -n 4 --max-worker-restart 50 -rfE \
     tests/ops tests/test_backends.py tests/test_losses.py tests/test_attention.py tests/test_property_parity.py \
     tests/test_ids_checked_before_launch.py tests/test_deterministic_algorithms.py -k cuda
   run smoke-and-compile 180 "$PYTHON" bench/gpu_smoke.py --device cuda --compile
@@ -99,9 +100,9 @@ assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no G
   run profile-cuda 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cuda --batches 8192
   run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn,pnn-dns-anchored "$PYTHON" -m pytest -q \
     -p no:cacheprovider bench/bench_epochs.py --benchmark-columns=median,rounds
-  run tests-cpu 150 "$PYTHON" -m pytest -q -p no:cacheprovider -p xdist -n 8 -rfE tests/ops tests/test_losses.py \
-    tests/test_attention.py -k "not cuda"
   run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
+  run tests-cpu 150 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:logging -p xdist -n 8 -rfE tests/ops \
+    tests/test_losses.py tests/test_attention.py -k "not cuda"
 fi
 
 {
@@ -123,11 +124,21 @@ $(( $(date +%s) - START )) s in all."
     echo
     echo "## $(basename "$log" .log)"
     echo
+    # a failure's own lines first (pytest's "E" lines, tracebacks' last words), then the end
+    if grep -q -E "^E |Error|FAILED" "$log"; then
+      echo '```'
+      grep -E "^E |Error|FAILED" "$log" | head -n 60
+      echo '```'
+      echo
+    fi
     echo '```'
     tail -n 40 "$log"
     echo '```'
   done
 } > "$REPORT"
+
+# The device tool brings back only a few files: the logs travel as one archive.
+tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"
 
 echo "gpu_check: report in $REPORT" >&2
 exit $FAILED

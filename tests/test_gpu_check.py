@@ -27,6 +27,12 @@ def test_gpu_check_dry_run_passes_and_writes_its_report(tmp_path):
     for step in ("syntax", "linkage", "smoke-cpu", "bench-args", "profile-cpu", "epochs-collect"):
         assert f"| {step} | ok |" in report, report
     assert "gpu_smoke: table ops ok on cpu" in report
+    # the logs come back as one archive (the device tool returns only a few files)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.md", "logs.tar.gz"]
+    with tarfile.open(tmp_path / "logs.tar.gz") as archive:
+        names = archive.getnames()
+    for step in ("syntax", "linkage", "smoke-cpu", "bench-args", "profile-cpu", "epochs-collect"):
+        assert f"logs/{step}.log" in names, names
 
 
 def test_gpu_check_rejects_an_unknown_argument(tmp_path):
