@@ -498,6 +498,22 @@ PNN_HD inline RowClass classify_key(key_t key, int64_t j, key_t threshold_key, i
   if (key == key_t(kExcludedKey)) return kNotUnlabeled;
   return in_bottom_k(key, j, threshold_key, cutoff) ? kNegative : kNeutral;
 }
+
+// How class_centroids forms a row's two class sums.  With a shared candidate list most candidates
+// of a row are in U_b, so the larger class is summed by difference: all candidates minus the
+// labeled ones minus the smaller class, O(labeled + smaller class) d-vectors a row instead of
+// O(C).  Rows whose labeled candidates outnumber U_b, and per-row lists, sum both classes directly.
+struct RowPlan {
+  bool by_difference;  // larger class = all candidates - labeled - smaller class
+  RowClass smaller;    // the class summed directly when by_difference
+  RowClass larger;
+};
+
+PNN_HD inline RowPlan plan_row(bool shared, int64_t num_candidates, int64_t num_neutral, int64_t num_negative) {
+  const int64_t unlabeled = num_neutral + num_negative;
+  const RowClass smaller = num_negative <= num_neutral ? kNegative : kNeutral;
+  return {shared && num_candidates - unlabeled <= unlabeled, smaller, smaller == kNegative ? kNeutral : kNegative};
+}
 // Radix select, most significant digit first: each pass histograms the digit at `shift` of the
 // keys that match the digits chosen so far, then picks the digit holding the rank-th key.
 constexpr int kRadixBits = 8;

@@ -4,11 +4,9 @@
 // selection (BottomK) and the class sums.  Backward: the same scores and the saved (threshold,
 // cutoff) give back every candidate's class.  Nothing of size [B, C] is kept.
 //
-// With a shared candidate list most candidates of a row are in U_b, so the sums are taken by
-// difference: the larger class is the sum of all candidates minus the labeled ones minus the
-// smaller class, which costs O(labeled + smaller class) d-vectors per row instead of O(C).  Rows
-// whose labeled candidates outnumber U_b (and per-row lists) are summed directly.  The backward
-// mirrors it: the larger class's gradient goes to every candidate through one column sum.
+// The class sums follow pnn_rows.h's RowPlan: with a shared candidate list the larger class by
+// difference.  The backward mirrors it: the larger class's gradient goes to every candidate
+// through one column sum.
 // Per-row lists are scattered back by tasks that each own a range of item ids (no atomics, an
 // order independent of the thread count).
 #include <ATen/core/Tensor.h>
@@ -29,19 +27,6 @@ namespace {
 
 constexpr const char* kFwd = "pnn_fast::class_centroids_fwd";
 constexpr const char* kBwd = "pnn_fast::class_centroids_bwd";
-
-// How one row's class sums are formed (see the file comment).
-struct RowPlan {
-  bool by_difference;  // larger class = all candidates - labeled - smaller class
-  RowClass smaller;    // the class summed directly when by_difference
-  RowClass larger;
-};
-
-RowPlan plan_row(bool shared, int64_t num_candidates, int64_t num_neutral, int64_t num_negative) {
-  const int64_t unlabeled = num_neutral + num_negative;
-  const RowClass smaller = num_negative <= num_neutral ? kNegative : kNeutral;
-  return {shared && num_candidates - unlabeled <= unlabeled, smaller, smaller == kNegative ? kNeutral : kNegative};
-}
 
 template <typename scalar_t, typename acc_t>
 void add_row(acc_t* dst, const scalar_t* v, int64_t d, acc_t sign) {

@@ -1,10 +1,15 @@
 // pnn_fast::class_centroids_fwd / _bwd on CUDA, one block per row.
 //
-// Forward: the row's keys (kept in shared memory when C keys fit, else rescored on every pass), the hard
-// negative and the radix select of cuda_rows.cuh, then the class sums in chunks of kThreads candidates: each thread
-// classifies one candidate, then each thread adds the chunk's members along its own dims.
-// Backward: the same classification recomputed from (threshold, cutoff), then each member's
-// per-member gradient is scattered with atomics, threads spread over (candidate, dim) pairs.
+// Forward: the row's keys (kept in shared memory when C keys fit, else rescored on every pass), the
+// hard negative and the radix select of cuda_rows.cuh, then the class sums of pnn_rows.h's RowPlan:
+// with a shared candidate list the larger class by difference from the sum of all candidates, so
+// a row reads only its labeled candidates and its smaller class.  In chunks of kThreads candidates
+// each thread classifies one candidate, the block gathers those the sums take (DirectMembers), and
+// each thread adds them along its own dims.
+// Backward: the same classification recomputed from (threshold, cutoff); the gradient of the larger
+// class reaches every shared candidate through one column sum (a [B, d] buffer summed over rows),
+// and only the gathered members are scattered with atomics: onto candidate slots [C, d] for a shared
+// list (index_add_ takes them to the items), onto the items' rows for per-row lists.
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -22,17 +27,48 @@ namespace {
 constexpr const char* kFwd = "pnn_fast::class_centroids_fwd";
 constexpr const char* kBwd = "pnn_fast::class_centroids_bwd";
 
+// The sum a candidate of class `cls` adds to under `plan`: its class; kNotUnlabeled for a labeled
+// candidate, which the by-difference sum subtracts; -1 when the row's sums skip it (the larger
+// class, or a labeled candidate of a row summed directly).
+__device__ __forceinline__ int direct_slot(const RowPlan& plan, RowClass cls) {
+  if (plan.by_difference) {
+    if (cls == kNotUnlabeled) return kNotUnlabeled;
+    return cls == plan.smaller ? cls : -1;
+  }
+  return cls == kNotUnlabeled ? -1 : cls;
+}
+
+// One chunk's candidates that a row's sums take, in candidate order: a row of the item table (or
+// of the slot buffer) and the slot it adds to.
+struct DirectMembers {
+  int64_t rows[kThreads];
+  int8_t slots[kThreads];
+  int counts[kWarps];
+};
+
+// Gathers this thread's candidate into `list` when slot >= 0; returns the chunk's count (every
+// thread gets it).  block_exclusive_count's first barrier keeps the previous chunk's readers safe.
+__device__ int gather_direct(int slot, int64_t table_row, DirectMembers& list) {
+  int total = 0;
+  const int before = block_exclusive_count(slot >= 0, list.counts, total);
+  if (slot >= 0) {
+    list.rows[before] = table_row;
+    list.slots[before] = static_cast<int8_t>(slot);
+  }
+  __syncthreads();
+  return total;
+}
+
 template <typename scalar_t, typename acc_t, bool kCached>
-__global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, const int64_t* sizes, acc_t* sums,
-                                           scalar_t* neutral, scalar_t* negative, int64_t* num_neutral,
+__global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, const int64_t* sizes, const acc_t* total,
+                                           acc_t* sums, scalar_t* neutral, scalar_t* negative, int64_t* num_neutral,
                                            int64_t* num_negative, acc_t* threshold, int64_t* cutoff, int64_t* hard) {
   using key_t = typename KeyOf<acc_t>::type;
   extern __shared__ unsigned char dynamic_shared[];
   __shared__ SelectShared<key_t> sh;
   __shared__ HardShared<key_t> hard_sh;
-  __shared__ int8_t classes[kThreads];
-  __shared__ int64_t items[kThreads];
-  const int64_t b = blockIdx.x, d = batch.dim, count = batch.num_candidates;
+  __shared__ DirectMembers list;
+  const int64_t b = blockIdx.x, d = batch.dim, count = batch.num_candidates, rows = batch.num_rows;
   const Row<scalar_t, acc_t> row(batch, b);
   const RowKeys<scalar_t, acc_t, kCached> keys{row, reinterpret_cast<key_t*>(dynamic_shared), count};
   keys.prepare();
@@ -43,36 +79,37 @@ __global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, const int64
   block_bottom_k(keys, count, sizes[b], sh, threshold_key, row_cutoff);
   const int64_t k = sizes[b];
   const int64_t negatives = row_cutoff < 0 ? 0 : (k > num_unlabeled ? num_unlabeled : k);
+  const RowPlan plan = plan_row(batch.candidate_row_stride == 0, count, num_unlabeled - negatives, negatives);
 
-  acc_t* sum_neutral = sums + b * d;  // zeroed [2, B, d] workspace; each thread owns its dims
-  acc_t* sum_negative = sums + (batch.num_rows + b) * d;
+  // zeroed [3, B, d] workspace indexed by slot (kNotUnlabeled: the labeled candidates); each
+  // thread owns its dims
+  acc_t* slot_sum[3] = {sums + b * d, sums + (rows + b) * d, sums + (2 * rows + b) * d};
   for (int64_t j0 = 0; j0 < count; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
-    classes[threadIdx.x] = j < count ? classify_key(keys(j), j, threshold_key, row_cutoff) : kNotUnlabeled;
-    items[threadIdx.x] = j < count ? row.item(j) : 0;
-    __syncthreads();
-    const int chunk = static_cast<int>(count - j0 < kThreads ? count - j0 : kThreads);
+    const int slot = j < count ? direct_slot(plan, classify_key(keys(j), j, threshold_key, row_cutoff)) : -1;
+    const int members = gather_direct(slot, j < count ? row.item(j) : 0, list);
     for (int64_t dim = threadIdx.x; dim < d; dim += blockDim.x) {
-      acc_t add_neutral = 0, add_negative = 0;
-      for (int t = 0; t < chunk; ++t) {
-        if (classes[t] == kNotUnlabeled) continue;
-        const acc_t v = static_cast<acc_t>(batch.item_table[items[t] * d + dim]);
-        if (classes[t] == kNeutral) {
-          add_neutral += v;
-        } else {
-          add_negative += v;
-        }
+      acc_t add[3] = {0, 0, 0};
+      for (int t = 0; t < members; ++t) {
+        const acc_t v = static_cast<acc_t>(batch.item_table[list.rows[t] * d + dim]);
+        const int s = list.slots[t];
+        add[0] += s == 0 ? v : acc_t(0);
+        add[1] += s == 1 ? v : acc_t(0);
+        add[2] += s == 2 ? v : acc_t(0);
       }
-      sum_neutral[dim] += add_neutral;
-      sum_negative[dim] += add_negative;
+      for (int s = 0; s < 3; ++s) slot_sum[s][dim] += add[s];
     }
-    __syncthreads();
   }
-  const acc_t scale_neutral = acc_t(1) / acc_t(num_unlabeled - negatives > 0 ? num_unlabeled - negatives : 1);
-  const acc_t scale_negative = acc_t(1) / acc_t(negatives > 0 ? negatives : 1);
+  const int64_t class_size[3] = {0, num_unlabeled - negatives, negatives};
+  scalar_t* mean_out[3] = {nullptr, neutral + b * d, negative + b * d};
   for (int64_t dim = threadIdx.x; dim < d; dim += blockDim.x) {
-    neutral[b * d + dim] = static_cast<scalar_t>(sum_neutral[dim] * scale_neutral);
-    negative[b * d + dim] = static_cast<scalar_t>(sum_negative[dim] * scale_negative);
+    if (plan.by_difference) {
+      slot_sum[plan.larger][dim] = total[dim] - slot_sum[kNotUnlabeled][dim] - slot_sum[plan.smaller][dim];
+    }
+    for (int cls = kNeutral; cls <= kNegative; ++cls) {
+      const acc_t scale = acc_t(1) / acc_t(class_size[cls] > 0 ? class_size[cls] : 1);
+      mean_out[cls][dim] = static_cast<scalar_t>(slot_sum[cls][dim] * scale);
+    }
   }
   if (threadIdx.x == 0) {
     num_neutral[b] = num_unlabeled - negatives;
@@ -83,30 +120,36 @@ __global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, const int64
   }
 }
 
+// member_grads: [2, B, d], each class's gradient divided by its size; column: [B, d], written
+// for the rows summed by difference (the host sums it over rows); grad_rows: [C, d] slots for a
+// shared list, the [I, d] table for per-row lists.
 template <typename scalar_t, typename acc_t>
 __global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, const acc_t* threshold, const int64_t* cutoff,
-                                           const acc_t* member_grads, acc_t* grad_table) {
-  __shared__ int8_t classes[kThreads];
-  __shared__ int64_t items[kThreads];
+                                           const int64_t* num_neutral, const int64_t* num_negative,
+                                           const acc_t* member_grads, acc_t* column, acc_t* grad_rows) {
+  __shared__ DirectMembers list;
   const int64_t b = blockIdx.x, d = batch.dim, count = batch.num_candidates;
+  const bool shared = batch.candidate_row_stride == 0;
   const Row<scalar_t, acc_t> row(batch, b);
   const auto threshold_key = order_key(threshold[b]);
-  const acc_t* grad_neutral = member_grads + b * d;
-  const acc_t* grad_negative = member_grads + (batch.num_rows + b) * d;
+  const RowPlan plan = plan_row(shared, count, num_neutral[b], num_negative[b]);
+  const acc_t* grad[3] = {nullptr, member_grads + b * d, member_grads + (batch.num_rows + b) * d};
+  if (plan.by_difference) {
+    for (int64_t dim = threadIdx.x; dim < d; dim += blockDim.x) column[b * d + dim] = grad[plan.larger][dim];
+  }
   for (int64_t j0 = 0; j0 < count; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
-    if (j < count) {
-      classes[threadIdx.x] = row.classify(j, row.score(j), threshold_key, cutoff[b]);
-      items[threadIdx.x] = row.item(j);
-    }
-    __syncthreads();
-    const int64_t chunk = count - j0 < kThreads ? count - j0 : kThreads;
-    for (int64_t pair = threadIdx.x; pair < chunk * d; pair += blockDim.x) {
+    const int slot = j < count ? direct_slot(plan, row.classify(j, row_score(row, j), threshold_key, cutoff[b])) : -1;
+    const int members = gather_direct(slot, j < count ? (shared ? j : row.item(j)) : 0, list);
+    for (int64_t pair = threadIdx.x; pair < members * d; pair += blockDim.x) {
       const int64_t t = pair / d, dim = pair % d;
-      if (classes[t] == kNotUnlabeled) continue;
-      atomicAdd(&grad_table[items[t] * d + dim], (classes[t] == kNeutral ? grad_neutral : grad_negative)[dim]);
+      const int s = list.slots[t];
+      // by difference, the column sum already gave every candidate the larger class's gradient
+      const acc_t value = !plan.by_difference ? grad[s][dim]
+                          : s == kNotUnlabeled ? -grad[plan.larger][dim]
+                                               : grad[plan.smaller][dim] - grad[plan.larger][dim];
+      atomicAdd(&grad_rows[list.rows[t] * d + dim], value);
     }
-    __syncthreads();
   }
 }
 
@@ -127,7 +170,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor threshold = at::empty({in.rows}, acc_options);
   at::Tensor cutoff = at::empty({in.rows}, users.options().dtype(at::kLong));
   at::Tensor hard = at::empty({in.rows}, users.options().dtype(at::kLong));
-  at::Tensor sums = at::zeros({2, in.rows, in.dim}, acc_options);
+  at::Tensor sums = at::zeros({3, in.rows, in.dim}, acc_options);
+  // the sum of every shared candidate's embedding, which the by-difference rows subtract from
+  const at::Tensor total =
+      in.shared ? in.item_table.index_select(0, in.candidates).to(acc_options.dtype()).sum(0) : at::zeros({in.dim}, acc_options);
   PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), kFwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     using key_t = typename KeyOf<acc_t>::type;
@@ -136,7 +182,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
     const auto kernel = cached ? class_centroids_fwd_kernel<scalar_t, acc_t, true>
                                : class_centroids_fwd_kernel<scalar_t, acc_t, false>;
-    launch_rows(kernel, in.rows, cached ? key_bytes : 0, batch, k_in.data_ptr<int64_t>(), sums.data_ptr<acc_t>(),
+    launch_rows(kernel, in.rows, cached ? key_bytes : 0, batch, k_in.data_ptr<int64_t>(), total.data_ptr<acc_t>(),
+                sums.data_ptr<acc_t>(),
                 neutral.data_ptr<scalar_t>(), negative.data_ptr<scalar_t>(), num_neutral.data_ptr<int64_t>(),
                 num_negative.data_ptr<int64_t>(), threshold.data_ptr<acc_t>(), cutoff.data_ptr<int64_t>(),
                 hard.data_ptr<int64_t>());
@@ -150,25 +197,32 @@ at::Tensor class_centroids_bwd_cuda(const at::Tensor& grad_neutral, const at::Te
                                     const at::Tensor& known_indptr, const at::Tensor& known_indices,
                                     const at::Tensor& threshold, const at::Tensor& cutoff,
                                     const at::Tensor& num_neutral, const at::Tensor& num_negative) {
-  // float atomicAdds onto the candidates' rows, in an order that varies from run to run
+  // float atomicAdds onto the candidates' slots or rows, in an order that varies from run to run
   at::globalContext().alertNotDeterministic(kBwd);
   const RowInputs in =
       prepare_row_inputs(kBwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
   check_id_ranges(kBwd, in);
   const at::ScalarType acc_dtype = opmath_dtype(user_emb.scalar_type());
+  const at::TensorOptions acc_options = user_emb.options().dtype(acc_dtype);
   const at::Tensor threshold_in = row_state(kBwd, in, threshold, "threshold", acc_dtype);
   const at::Tensor cutoff_in = row_state(kBwd, in, cutoff, "cutoff", at::kLong);
+  const at::Tensor neutral_in = row_state(kBwd, in, num_neutral, "num_neutral", at::kLong);
+  const at::Tensor negative_in = row_state(kBwd, in, num_negative, "num_negative", at::kLong);
   const c10::cuda::CUDAGuard guard(user_emb.device());
   const at::Tensor member_grads =
       at::stack({per_member_grad(kBwd, in, grad_neutral, "grad_neutral", num_neutral, "num_neutral"),
                  per_member_grad(kBwd, in, grad_negative, "grad_negative", num_negative, "num_negative")});
-  at::Tensor grad_table = at::zeros(in.item_table.sizes(), item_table.options().dtype(acc_dtype));
+  at::Tensor grad_table = at::zeros(in.item_table.sizes(), acc_options);
+  const at::Tensor column = at::zeros({in.shared ? in.rows : 0, in.dim}, acc_options);
+  const at::Tensor slots = in.shared ? at::zeros({in.num_candidates, in.dim}, acc_options) : grad_table;
   PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), kBwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     launch_rows(class_centroids_bwd_kernel<scalar_t, acc_t>, in.rows, 0, row_batch<scalar_t>(in),
-                threshold_in.data_ptr<acc_t>(), cutoff_in.data_ptr<int64_t>(), member_grads.data_ptr<acc_t>(),
-                grad_table.data_ptr<acc_t>());
+                threshold_in.data_ptr<acc_t>(), cutoff_in.data_ptr<int64_t>(), neutral_in.data_ptr<int64_t>(),
+                negative_in.data_ptr<int64_t>(), member_grads.data_ptr<acc_t>(), column.data_ptr<acc_t>(),
+                slots.data_ptr<acc_t>());
   });
+  if (in.shared) grad_table.index_add_(0, in.candidates, slots + column.sum(0));
   return grad_table.to(item_table.scalar_type());
 }
 

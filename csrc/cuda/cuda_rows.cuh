@@ -8,6 +8,9 @@
 #include <c10/macros/Macros.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "common/pnn_rows.h"
 
 namespace pnn_fast {
@@ -62,6 +65,54 @@ __device__ inline int block_exclusive_count(bool flag, int* scratch, int& total)
   return before;
 }
 
+// sequential_sum (pnn_rows.h) with 16-byte loads where both rows allow them (float or double,
+// d a multiple of the vector width, 16-byte aligned rows): the same chain of terms over k = 0..d-1,
+// so the same bits, with a quarter (float) or half (double) of the load instructions.  In the row
+// kernels each thread of a warp walks its own candidate's row, so every load instruction touches
+// 32 rows' cache lines; fewer, wider loads are what keeps that pattern affordable.
+template <typename scalar_t>
+struct Vector16;
+template <>
+struct Vector16<float> {
+  using type = float4;
+  static constexpr int width = 4;
+};
+template <>
+struct Vector16<double> {
+  using type = double2;
+  static constexpr int width = 2;
+};
+
+template <typename acc_t, typename scalar_t, typename Term>
+__device__ __forceinline__ acc_t chain_sum(const scalar_t* a, const scalar_t* b, int64_t d, Term term) {
+  if constexpr (std::is_same<scalar_t, float>::value || std::is_same<scalar_t, double>::value) {
+    using Traits = Vector16<scalar_t>;
+    const bool aligned = ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16) == 0;
+    if (aligned && d % Traits::width == 0) {
+      const auto* a_vec = reinterpret_cast<const typename Traits::type*>(a);
+      const auto* b_vec = reinterpret_cast<const typename Traits::type*>(b);
+      acc_t acc = acc_t(0);
+      for (int64_t q = 0; q < d / Traits::width; ++q) {
+        const auto x = a_vec[q], y = b_vec[q];
+        acc = term(acc_t(x.x), acc_t(y.x), acc);
+        acc = term(acc_t(x.y), acc_t(y.y), acc);
+        if constexpr (Traits::width == 4) {
+          acc = term(acc_t(x.z), acc_t(y.z), acc);
+          acc = term(acc_t(x.w), acc_t(y.w), acc);
+        }
+      }
+      return acc;
+    }
+  }
+  return sequential_sum<acc_t>(a, b, d, term);
+}
+
+// Row::score, by chain_sum.
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ acc_t row_score(const Row<scalar_t, acc_t>& row, int64_t j) {
+  return chain_sum<acc_t>(row.user, row.embedding(j), row.dim, DotTerm{});
+}
+
 // Keys (pnn_rows.h order_key, kExcludedKey outside U_b) of one row's candidates.  kCached
 // keeps them in dynamic shared memory (filled once); otherwise every read rescores the
 // candidate: the slower path for rows longer than the shared-memory plan.
@@ -73,7 +124,7 @@ struct RowKeys {
   int64_t count;
 
   __device__ key_t compute(int64_t j) const {
-    return row.key(j, row.score(j));
+    return row.key(j, row_score(row, j));
   }
 
   // Fills the cache (call from every thread of the block before reading).

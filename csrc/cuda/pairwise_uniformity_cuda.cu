@@ -2,8 +2,9 @@
 //
 // Forward: each thread runs a streaming log-sum-exp over its strided share of the j != i and
 // the block merges them (pnn_rows.h lse_merge); at::logsumexp merges the rows in float64.
-// Backward: per chunk of kThreads points, each thread computes one weight w_ij, then each thread
-// accumulates sum_j w_ij (x_i - x_j) along its own dims.  O(n d) memory, no [n, n] buffer.
+// Backward: per chunk of kThreads points, each thread computes one weight w_ij, then the threads
+// accumulate sum_j w_ij (x_i - x_j) along the dims, several threads a dim when d < kThreads.
+// Distances by chain_sum (cuda_rows.cuh): pnn_rows.h's chain, with 16-byte loads.  O(n d) memory, no [n, n] buffer.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/logsumexp.h>
@@ -26,7 +27,7 @@ __global__ void uniformity_rows_kernel(const scalar_t* x, int64_t n, int64_t d, 
   const int64_t i = blockIdx.x;
   LogSumExp<acc_t> state = lse_empty<acc_t>();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    if (j != i) lse_add(state, neg_t * squared_distance<acc_t>(x + i * d, x + j * d, d));
+    if (j != i) lse_add(state, neg_t * chain_sum<acc_t>(x + i * d, x + j * d, d, SquaredDiffTerm{}));
   }
   maxima[threadIdx.x] = state.max;
   sums[threadIdx.x] = state.sum;
@@ -48,21 +49,44 @@ template <typename scalar_t, typename acc_t>
 __global__ void uniformity_grad_kernel(const scalar_t* x, int64_t n, int64_t d, acc_t neg_t, double t,
                                        const scalar_t* grad, const double* total, acc_t* acc, scalar_t* grad_x) {
   __shared__ acc_t weights[kThreads];
+  __shared__ acc_t partials[kThreads];
   const int64_t i = blockIdx.x;
+  // with d < kThreads a dim gets several threads (d = 64: all 256 busy instead of 64)
+  const int64_t groups = d > 0 && d < kThreads ? kThreads / d : 1;
   const acc_t total_lse = static_cast<acc_t>(total[0]);
   const acc_t scale = static_cast<acc_t>(static_cast<double>(static_cast<acc_t>(grad[0])) * -4.0 * t);
   acc_t* acc_i = acc + i * d;  // zeroed workspace; each thread owns its dims
   for (int64_t j0 = 0; j0 < n; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
     weights[threadIdx.x] =
-        (j < n && j != i) ? exp_(neg_t * squared_distance<acc_t>(x + i * d, x + j * d, d) - total_lse) : acc_t(0);
+        (j < n && j != i) ? exp_(neg_t * chain_sum<acc_t>(x + i * d, x + j * d, d, SquaredDiffTerm{}) - total_lse)
+                          : acc_t(0);
     __syncthreads();
     const int64_t chunk = n - j0 < kThreads ? n - j0 : kThreads;
-    for (int64_t dim = threadIdx.x; dim < d; dim += blockDim.x) {
-      const acc_t xi = static_cast<acc_t>(x[i * d + dim]);
+    if (groups == 1) {
+      for (int64_t dim = threadIdx.x; dim < d; dim += blockDim.x) {
+        const acc_t xi = static_cast<acc_t>(x[i * d + dim]);
+        acc_t sum = 0;
+        for (int64_t c = 0; c < chunk; ++c) sum += weights[c] * (xi - static_cast<acc_t>(x[(j0 + c) * d + dim]));
+        acc_i[dim] += sum;
+      }
+    } else {
+      // `groups` threads per dim, each over every groups-th point of the chunk, then merged
+      const int64_t dim = threadIdx.x % d, group = threadIdx.x / d;
       acc_t sum = 0;
-      for (int64_t c = 0; c < chunk; ++c) sum += weights[c] * (xi - static_cast<acc_t>(x[(j0 + c) * d + dim]));
-      acc_i[dim] += sum;
+      if (group < groups) {
+        const acc_t xi = static_cast<acc_t>(x[i * d + dim]);
+        for (int64_t c = group; c < chunk; c += groups) {
+          sum += weights[c] * (xi - static_cast<acc_t>(x[(j0 + c) * d + dim]));
+        }
+      }
+      partials[threadIdx.x] = sum;
+      __syncthreads();
+      if (group == 0) {
+        acc_t merged = 0;
+        for (int64_t g = 0; g < groups; ++g) merged += partials[g * d + dim];
+        acc_i[dim] += merged;
+      }
     }
     __syncthreads();
   }
