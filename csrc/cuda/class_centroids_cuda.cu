@@ -1,6 +1,8 @@
 // pnn_fast::class_centroids_fwd / _bwd on CUDA, one block per row.
 //
-// Forward: the row's keys (kept in shared memory when C keys fit, else rescored on every pass), the
+// Scores: a shared list's by for_each_score_tile (cuda_rows.cuh), a tile of rows at a time; per-row
+// lists' by each row's threads.
+// Forward: the row's keys (kept in shared memory when C keys fit, else recomputed on every pass), the
 // hard negative and the radix select of cuda_rows.cuh, then the class sums of pnn_rows.h's RowPlan:
 // with a shared candidate list the larger class by difference from the sum of all candidates, so
 // a row reads only its labeled candidates and its smaller class.  In chunks of kThreads candidates
@@ -60,17 +62,19 @@ __device__ int gather_direct(int slot, int64_t table_row, DirectMembers& list) {
 }
 
 template <typename scalar_t, typename acc_t, bool kCached>
-__global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, const int64_t* sizes, const acc_t* total,
-                                           acc_t* sums, scalar_t* neutral, scalar_t* negative, int64_t* num_neutral,
-                                           int64_t* num_negative, acc_t* threshold, int64_t* cutoff, int64_t* hard) {
+__global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, int64_t row0, const acc_t* scores,
+                                           const int64_t* sizes, const acc_t* total, acc_t* sums, scalar_t* neutral,
+                                           scalar_t* negative, int64_t* num_neutral, int64_t* num_negative,
+                                           acc_t* threshold, int64_t* cutoff, int64_t* hard) {
   using key_t = typename KeyOf<acc_t>::type;
   extern __shared__ unsigned char dynamic_shared[];
   __shared__ SelectShared<key_t> sh;
   __shared__ HardShared<key_t> hard_sh;
   __shared__ DirectMembers list;
-  const int64_t b = blockIdx.x, d = batch.dim, count = batch.num_candidates, rows = batch.num_rows;
+  const int64_t b = row0 + blockIdx.x, d = batch.dim, count = batch.num_candidates, rows = batch.num_rows;
   const Row<scalar_t, acc_t> row(batch, b);
-  const RowKeys<scalar_t, acc_t, kCached> keys{row, reinterpret_cast<key_t*>(dynamic_shared), count};
+  const acc_t* row_scores = scores == nullptr ? nullptr : scores + static_cast<int64_t>(blockIdx.x) * count;
+  const RowKeys<scalar_t, acc_t, kCached> keys{row, reinterpret_cast<key_t*>(dynamic_shared), count, row_scores};
   keys.prepare();
   int64_t row_hard, num_unlabeled;
   block_hard_negative(keys, count, hard_sh, row_hard, num_unlabeled);
@@ -124,11 +128,13 @@ __global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, const int64
 // for the rows summed by difference (the host sums it over rows); grad_rows: [C, d] slots for a
 // shared list, the [I, d] table for per-row lists.
 template <typename scalar_t, typename acc_t>
-__global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, const acc_t* threshold, const int64_t* cutoff,
-                                           const int64_t* num_neutral, const int64_t* num_negative,
-                                           const acc_t* member_grads, acc_t* column, acc_t* grad_rows) {
+__global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, int64_t row0, const acc_t* scores,
+                                           const acc_t* threshold, const int64_t* cutoff, const int64_t* num_neutral,
+                                           const int64_t* num_negative, const acc_t* member_grads, acc_t* column,
+                                           acc_t* grad_rows) {
   __shared__ DirectMembers list;
-  const int64_t b = blockIdx.x, d = batch.dim, count = batch.num_candidates;
+  const int64_t b = row0 + blockIdx.x, d = batch.dim, count = batch.num_candidates;
+  const acc_t* row_scores = scores == nullptr ? nullptr : scores + static_cast<int64_t>(blockIdx.x) * count;
   const bool shared = batch.candidate_row_stride == 0;
   const Row<scalar_t, acc_t> row(batch, b);
   const auto threshold_key = order_key(threshold[b]);
@@ -139,7 +145,11 @@ __global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, const acc_t
   }
   for (int64_t j0 = 0; j0 < count; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
-    const int slot = j < count ? direct_slot(plan, row.classify(j, row_score(row, j), threshold_key, cutoff[b])) : -1;
+    int slot = -1;
+    if (j < count) {
+      const acc_t score = row_scores != nullptr ? row_scores[j] : row_score(row, j);
+      slot = direct_slot(plan, row.classify(j, score, threshold_key, cutoff[b]));
+    }
     const int members = gather_direct(slot, j < count ? (shared ? j : row.item(j)) : 0, list);
     for (int64_t pair = threadIdx.x; pair < members * d; pair += blockDim.x) {
       const int64_t t = pair / d, dim = pair % d;
@@ -182,11 +192,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
     const auto kernel = cached ? class_centroids_fwd_kernel<scalar_t, acc_t, true>
                                : class_centroids_fwd_kernel<scalar_t, acc_t, false>;
-    launch_rows(kernel, in.rows, cached ? key_bytes : 0, batch, k_in.data_ptr<int64_t>(), total.data_ptr<acc_t>(),
-                sums.data_ptr<acc_t>(),
-                neutral.data_ptr<scalar_t>(), negative.data_ptr<scalar_t>(), num_neutral.data_ptr<int64_t>(),
-                num_negative.data_ptr<int64_t>(), threshold.data_ptr<acc_t>(), cutoff.data_ptr<int64_t>(),
-                hard.data_ptr<int64_t>());
+    const auto launch = [&](int64_t row0, int64_t num_rows, const acc_t* scores) {
+      launch_rows(kernel, num_rows, cached ? key_bytes : 0, batch, row0, scores, k_in.data_ptr<int64_t>(),
+                  total.data_ptr<acc_t>(), sums.data_ptr<acc_t>(), neutral.data_ptr<scalar_t>(),
+                  negative.data_ptr<scalar_t>(), num_neutral.data_ptr<int64_t>(), num_negative.data_ptr<int64_t>(),
+                  threshold.data_ptr<acc_t>(), cutoff.data_ptr<int64_t>(), hard.data_ptr<int64_t>());
+    };
+    // a shared list is scored by tiles (for_each_score_tile); per-row lists, a few candidates a row,
+    // by the row kernel's own threads
+    if (in.shared && in.num_candidates > 0) {
+      for_each_score_tile<scalar_t, acc_t>(batch, acc_options, launch);
+    } else {
+      launch(0, in.rows, nullptr);
+    }
   });
   return {neutral, negative, num_neutral, num_negative, threshold, cutoff, hard};
 }
@@ -217,10 +235,18 @@ at::Tensor class_centroids_bwd_cuda(const at::Tensor& grad_neutral, const at::Te
   const at::Tensor slots = in.shared ? at::zeros({in.num_candidates, in.dim}, acc_options) : grad_table;
   PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), kBwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    launch_rows(class_centroids_bwd_kernel<scalar_t, acc_t>, in.rows, 0, row_batch<scalar_t>(in),
-                threshold_in.data_ptr<acc_t>(), cutoff_in.data_ptr<int64_t>(), neutral_in.data_ptr<int64_t>(),
-                negative_in.data_ptr<int64_t>(), member_grads.data_ptr<acc_t>(), column.data_ptr<acc_t>(),
-                slots.data_ptr<acc_t>());
+    const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
+    const auto launch = [&](int64_t row0, int64_t num_rows, const acc_t* scores) {
+      launch_rows(class_centroids_bwd_kernel<scalar_t, acc_t>, num_rows, 0, batch, row0, scores,
+                  threshold_in.data_ptr<acc_t>(), cutoff_in.data_ptr<int64_t>(), neutral_in.data_ptr<int64_t>(),
+                  negative_in.data_ptr<int64_t>(), member_grads.data_ptr<acc_t>(), column.data_ptr<acc_t>(),
+                  slots.data_ptr<acc_t>());
+    };
+    if (in.shared && in.num_candidates > 0) {
+      for_each_score_tile<scalar_t, acc_t>(batch, acc_options, launch);
+    } else {
+      launch(0, in.rows, nullptr);
+    }
   });
   if (in.shared) grad_table.index_add_(0, in.candidates, slots + column.sum(0));
   return grad_table.to(item_table.scalar_type());

@@ -2,12 +2,15 @@
 // pnn_rows.h (shared with the CPU kernels); this file only distributes it over threads.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/macros/Macros.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -113,18 +116,115 @@ __device__ __forceinline__ acc_t row_score(const Row<scalar_t, acc_t>& row, int6
   return chain_sum<acc_t>(row.user, row.embedding(j), row.dim, DotTerm{});
 }
 
-// Keys (pnn_rows.h order_key, kExcludedKey outside U_b) of one row's candidates.  kCached
-// keeps them in dynamic shared memory (filled once); otherwise every read rescores the
-// candidate: the slower path for rows longer than the shared-memory plan.
+// One side of a pair tile: its row r is base + (index ? index[r] : r) * d.
+template <typename scalar_t>
+struct TileSide {
+  const scalar_t* base;
+  const int64_t* index;  // nullptr: the rows in order
+  __device__ const scalar_t* row(int64_t r, int64_t d) const { return base + (index != nullptr ? index[r] : r) * d; }
+};
+
+// out[r, c] = the chain of `term` over k = 0..d-1 (pnn_rows.h sequential_sum) of left row row0 + r
+// and right row c: for DotTerm the same bits as row_score, for SquaredDiffTerm as squared_distance.
+// A GEMM in the classic shared-memory form but with no split of k: a block computes kChainTile x
+// kChainTile entries from panels of kChainDepth dims of both sides, each thread 4 x 4 of them (rows
+// ty + 16 i, columns tx + 16 j: coalesced panel reads and writes).  It replaces the row kernels'
+// one thread per column walking that column's row: uncoalesced, and repeated for every row.
+constexpr int kChainTile = 64;
+constexpr int kChainDepth = 16;
+constexpr int kChainSide = 16;  // threads per side of a block: 16 x 16 = 256
+static_assert(kChainSide * kChainSide == kThreads && kChainSide * 4 == kChainTile, "chain tile layout");
+
+template <typename scalar_t, typename acc_t, typename Term>
+__global__ void chain_tile_kernel(TileSide<scalar_t> left, TileSide<scalar_t> right, int64_t d, int64_t row0,
+                                  int64_t num_rows, int64_t num_columns, Term term, acc_t* out) {
+  // + 1: the staging writes (consecutive threads, consecutive dims) fall in different banks
+  __shared__ acc_t left_panel[kChainDepth][kChainTile + 1];
+  __shared__ acc_t right_panel[kChainDepth][kChainTile + 1];
+  const int64_t tile_row = static_cast<int64_t>(blockIdx.y) * kChainTile;
+  const int64_t tile_column = static_cast<int64_t>(blockIdx.x) * kChainTile;
+  const int tx = threadIdx.x % kChainSide, ty = threadIdx.x / kChainSide;
+  acc_t acc[4][4];
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) acc[i][j] = acc_t(0);
+  }
+  for (int64_t k0 = 0; k0 < d; k0 += kChainDepth) {
+    for (int e = threadIdx.x; e < kChainTile * kChainDepth; e += kThreads) {
+      const int r = e / kChainDepth, kk = e % kChainDepth;
+      const int64_t row = tile_row + r, column = tile_column + r, k = k0 + kk;
+      left_panel[kk][r] = row < num_rows && k < d ? acc_t(left.row(row0 + row, d)[k]) : acc_t(0);
+      right_panel[kk][r] = column < num_columns && k < d ? acc_t(right.row(column, d)[k]) : acc_t(0);
+    }
+    __syncthreads();
+    const int depth = static_cast<int>(d - k0 < kChainDepth ? d - k0 : kChainDepth);
+    for (int kk = 0; kk < depth; ++kk) {
+      acc_t a[4], b[4];
+      for (int i = 0; i < 4; ++i) a[i] = left_panel[kk][ty + kChainSide * i];
+      for (int j = 0; j < 4; ++j) b[j] = right_panel[kk][tx + kChainSide * j];
+      for (int i = 0; i < 4; ++i) {
+        for (int j = 0; j < 4; ++j) acc[i][j] = term(a[i], b[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = tile_row + ty + kChainSide * i;
+    if (row >= num_rows) continue;
+    for (int j = 0; j < 4; ++j) {
+      const int64_t column = tile_column + tx + kChainSide * j;
+      if (column < num_columns) out[row * num_columns + column] = acc[i][j];
+    }
+  }
+}
+
+// The rows of `left` against the columns of `right`, a tile of rows at a time into one reused
+// [tile, columns] buffer of about kChainBufferBytes (at least kMinChainRows rows, so that the row
+// kernels that read it still fill the GPU): for each tile chain_tile_kernel, then
+// rows_of_tile(row0, num_rows, out) launches the row kernel over it.
+constexpr int64_t kChainBufferBytes = int64_t{4} << 20;
+constexpr int64_t kMinChainRows = 512;
+
+template <typename acc_t, typename scalar_t, typename Term, typename RowsOfTile>
+void for_each_chain_tile(TileSide<scalar_t> left, TileSide<scalar_t> right, int64_t d, int64_t rows,
+                         int64_t columns, Term term, const at::TensorOptions& acc_options, RowsOfTile rows_of_tile) {
+  if (rows == 0 || columns == 0) return;
+  const int64_t budget_rows = kChainBufferBytes / (columns * static_cast<int64_t>(sizeof(acc_t)));
+  const int64_t tile = std::min(rows, std::max(kMinChainRows, budget_rows));
+  const at::Tensor out = at::empty({tile, columns}, acc_options);
+  for (int64_t row0 = 0; row0 < rows; row0 += tile) {
+    const int64_t num_rows = std::min(tile, rows - row0);
+    const dim3 grid(static_cast<unsigned int>((columns + kChainTile - 1) / kChainTile),
+                    static_cast<unsigned int>((num_rows + kChainTile - 1) / kChainTile));
+    chain_tile_kernel<scalar_t, acc_t, Term><<<grid, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        left, right, d, row0, num_rows, columns, term, out.data_ptr<acc_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    rows_of_tile(row0, num_rows, static_cast<const acc_t*>(out.data_ptr<acc_t>()));
+  }
+}
+
+// for_each_chain_tile of a batch's rows against its shared candidate list: the scores.
+template <typename scalar_t, typename acc_t, typename RowsOfTile>
+void for_each_score_tile(const RowBatch<scalar_t>& batch, const at::TensorOptions& acc_options,
+                         RowsOfTile rows_of_tile) {
+  for_each_chain_tile<acc_t>(TileSide<scalar_t>{batch.user_emb, nullptr},
+                             TileSide<scalar_t>{batch.item_table, batch.candidates}, batch.dim, batch.num_rows,
+                             batch.num_candidates, DotTerm{}, acc_options, rows_of_tile);
+}
+
+// Keys (pnn_rows.h order_key, kExcludedKey outside U_b) of one row's candidates, scored by
+// row_score or read from the row's precomputed `scores` (for_each_score_tile) when given.  kCached
+// keeps them in dynamic shared memory (filled once); otherwise every read recomputes the key: the
+// slower path for rows longer than the shared-memory plan.
 template <typename scalar_t, typename acc_t, bool kCached>
 struct RowKeys {
   using key_t = typename KeyOf<acc_t>::type;
   const Row<scalar_t, acc_t>& row;
   key_t* cache;
   int64_t count;
+  const acc_t* scores = nullptr;
 
   __device__ key_t compute(int64_t j) const {
-    return row.key(j, row_score(row, j));
+    return row.key(j, scores != nullptr ? scores[j] : row_score(row, j));
   }
 
   // Fills the cache (call from every thread of the block before reading).

@@ -1,10 +1,12 @@
 // pnn_fast::pairwise_uniformity_fwd / _bwd on CUDA, one block per point i.
 //
+// The squared distances come from for_each_chain_tile (cuda_rows.cuh), a tile of points at a time:
+// pnn_rows.h's squared_distance chain, so the CPU's bits.
 // Forward: each thread runs a streaming log-sum-exp over its strided share of the j != i and
 // the block merges them (pnn_rows.h lse_merge); at::logsumexp merges the rows in float64.
 // Backward: per chunk of kThreads points, each thread computes one weight w_ij, then the threads
 // accumulate sum_j w_ij (x_i - x_j) along the dims, several threads a dim when d < kThreads.
-// Distances by chain_sum (cuda_rows.cuh): pnn_rows.h's chain, with 16-byte loads.  O(n d) memory, no [n, n] buffer.
+// Memory: O(n d) and the distance tile (about 4 MiB), never an [n, n] buffer.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/logsumexp.h>
@@ -20,14 +22,17 @@
 namespace pnn_fast {
 namespace {
 
-template <typename scalar_t, typename acc_t>
-__global__ void uniformity_rows_kernel(const scalar_t* x, int64_t n, int64_t d, acc_t neg_t, double* row_lse) {
+// distances: [tile, n], the squared distances of points row0.. (one block per point).
+template <typename acc_t>
+__global__ void uniformity_rows_kernel(const acc_t* distances, int64_t row0, int64_t n, acc_t neg_t,
+                                       double* row_lse) {
   __shared__ acc_t maxima[kThreads];
   __shared__ acc_t sums[kThreads];
-  const int64_t i = blockIdx.x;
+  const int64_t i = row0 + blockIdx.x;
+  const acc_t* distance = distances + static_cast<int64_t>(blockIdx.x) * n;
   LogSumExp<acc_t> state = lse_empty<acc_t>();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    if (j != i) lse_add(state, neg_t * chain_sum<acc_t>(x + i * d, x + j * d, d, SquaredDiffTerm{}));
+    if (j != i) lse_add(state, neg_t * distance[j]);
   }
   maxima[threadIdx.x] = state.max;
   sums[threadIdx.x] = state.sum;
@@ -46,11 +51,13 @@ __global__ void uniformity_rows_kernel(const scalar_t* x, int64_t n, int64_t d, 
 
 // grad_x[i] = -4 t grad sum_{j != i} exp(l_ij - L) (x_i - x_j), L = the forward's float64 total.
 template <typename scalar_t, typename acc_t>
-__global__ void uniformity_grad_kernel(const scalar_t* x, int64_t n, int64_t d, acc_t neg_t, double t,
-                                       const scalar_t* grad, const double* total, acc_t* acc, scalar_t* grad_x) {
+__global__ void uniformity_grad_kernel(const scalar_t* x, const acc_t* distances, int64_t row0, int64_t n, int64_t d,
+                                       acc_t neg_t, double t, const scalar_t* grad, const double* total, acc_t* acc,
+                                       scalar_t* grad_x) {
   __shared__ acc_t weights[kThreads];
   __shared__ acc_t partials[kThreads];
-  const int64_t i = blockIdx.x;
+  const int64_t i = row0 + blockIdx.x;
+  const acc_t* distance = distances + static_cast<int64_t>(blockIdx.x) * n;
   // with d < kThreads a dim gets several threads (d = 64: all 256 busy instead of 64)
   const int64_t groups = d > 0 && d < kThreads ? kThreads / d : 1;
   const acc_t total_lse = static_cast<acc_t>(total[0]);
@@ -59,8 +66,7 @@ __global__ void uniformity_grad_kernel(const scalar_t* x, int64_t n, int64_t d, 
   for (int64_t j0 = 0; j0 < n; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
     weights[threadIdx.x] =
-        (j < n && j != i) ? exp_(neg_t * chain_sum<acc_t>(x + i * d, x + j * d, d, SquaredDiffTerm{}) - total_lse)
-                          : acc_t(0);
+        (j < n && j != i) ? exp_(neg_t * distance[j] - total_lse) : acc_t(0);
     __syncthreads();
     const int64_t chunk = n - j0 < kThreads ? n - j0 : kThreads;
     if (groups == 1) {
@@ -103,8 +109,12 @@ std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cuda(const at::Tensor
   at::Tensor row_lse = at::empty({n}, x.options().dtype(at::kDouble));
   PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityFwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    launch_rows(uniformity_rows_kernel<scalar_t, acc_t>, n, 0, points.data_ptr<scalar_t>(), n, d,
-                static_cast<acc_t>(-t), row_lse.data_ptr<double>());
+    const TileSide<scalar_t> side{points.data_ptr<scalar_t>(), nullptr};
+    for_each_chain_tile<acc_t>(side, side, d, n, n, SquaredDiffTerm{}, x.options().dtype(opmath_dtype(x.scalar_type())),
+                               [&](int64_t row0, int64_t num_rows, const acc_t* distances) {
+                                 launch_rows(uniformity_rows_kernel<acc_t>, num_rows, 0, distances, row0, n,
+                                             static_cast<acc_t>(-t), row_lse.data_ptr<double>());
+                               });
   });
   return uniformity_outputs(at::logsumexp(row_lse, {0}), 1.0, points);
 }
@@ -125,9 +135,15 @@ at::Tensor pairwise_uniformity_bwd_cuda(const at::Tensor& grad, const at::Tensor
   at::Tensor grad_x = at::empty({n, d}, points.options());
   PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityBwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    launch_rows(uniformity_grad_kernel<scalar_t, acc_t>, n, 0, points.data_ptr<scalar_t>(), n, d,
-                static_cast<acc_t>(-t), t, grad_in.data_ptr<scalar_t>(), total_in.data_ptr<double>(),
-                acc.data_ptr<acc_t>(), grad_x.data_ptr<scalar_t>());
+    const TileSide<scalar_t> side{points.data_ptr<scalar_t>(), nullptr};
+    for_each_chain_tile<acc_t>(side, side, d, n, n, SquaredDiffTerm{}, acc.options(),
+                               [&](int64_t row0, int64_t num_rows, const acc_t* distances) {
+                                 launch_rows(uniformity_grad_kernel<scalar_t, acc_t>, num_rows, 0,
+                                             points.data_ptr<scalar_t>(), distances, row0, n, d,
+                                             static_cast<acc_t>(-t), t, grad_in.data_ptr<scalar_t>(),
+                                             total_in.data_ptr<double>(), acc.data_ptr<acc_t>(),
+                                             grad_x.data_ptr<scalar_t>());
+                               });
   });
   return grad_x;
 }

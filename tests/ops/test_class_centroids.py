@@ -99,6 +99,33 @@ def test_class_centroids_on_continuous_inputs(device, per_row):
     assert_centroids_are_class_means(batch, k.to(device), tol=1e-12)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_class_centroids_of_a_long_batch_in_several_score_tiles(device):
+    """2,100 rows against 2,100 shared candidates: on CUDA the rows are scored in tiles of 512
+    (for_each_score_tile, a 4 MiB buffer), so the fifth tile starts at row 2,048.  Grid inputs (exact
+    scores): the reference's classes, its class means and the gradient of the means w.r.t. the item
+    table, for k from 0 to past |U_b|."""
+    batch = make_batch(2100, 6, dtype=torch.float32, num_users=300, num_items=3000, known_per_user=20, seed=11,
+                       device=device)
+    k = torch.randint(0, 40, (2100,), generator=torch.Generator().manual_seed(3)).to(device)
+    k[::97] = 2200
+    assert_centroids_are_class_means(batch, k, tol=1e-5)
+    weights = torch.randn(2, 2100, 6, generator=torch.Generator().manual_seed(4)).to(device)
+    args = row_args(batch)
+    table = batch["item_table"].clone().requires_grad_()
+    neutral, negative, *_ = ops.class_centroids(args[0], table, *args[2:], k)
+    (grad,) = torch.autograd.grad((neutral * weights[0]).sum() + (negative * weights[1]).sum(), table)
+    _, unlabeled, neg_mask = reference_classes(batch, k)
+    ref_table = batch["item_table"].clone().requires_grad_()
+    cand_emb = reference.candidate_embeddings(ref_table, batch["candidates"])
+    loss = 0
+    for w, mask in ((weights[0], unlabeled & ~neg_mask), (weights[1], neg_mask)):
+        mean = reference.class_sum(mask.float(), cand_emb) / mask.sum(1).clamp_min(1)[:, None]
+        loss = loss + (mean * w).sum()
+    (want,) = torch.autograd.grad(loss, ref_table)
+    torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-4)
+
+
 def test_class_centroids_without_candidates_are_zero():
     batch = make_batch(5, 3, per_row=2, seed=7)
     no_cands = dict(batch, candidates=batch["candidates"][:, :0])
