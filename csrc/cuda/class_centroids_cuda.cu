@@ -2,6 +2,8 @@
 //
 // Scores: a shared list's by for_each_score_tile (cuda_rows.cuh), a tile of rows at a time; per-row
 // lists' by each row's threads.
+// U_b: a shared list's as a bitmap in shared memory (mark_labeled: each known item looked up in the
+// list sorted once a call); otherwise each candidate searched in the user's known list.
 // Forward: the row's keys (kept in shared memory when C keys fit, else recomputed on every pass), the
 // hard negative and the radix select of cuda_rows.cuh, then the class sums of pnn_rows.h's RowPlan:
 // with a shared candidate list the larger class by difference from the sum of all candidates, so
@@ -18,6 +20,8 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
+
+#include <tuple>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -61,11 +65,24 @@ __device__ int gather_direct(int slot, int64_t table_row, DirectMembers& list) {
   return total;
 }
 
+// A shared list sorted by item, for mark_labeled (cuda_rows.cuh); empty for per-row lists and when
+// `use` is false.  view() points into it.
+struct SortedCandidates {
+  at::Tensor items, positions;
+  SortedCandidates(const RowInputs& in, bool use) {
+    if (use && in.shared && in.num_candidates > 0) std::tie(items, positions) = in.candidates.sort();
+  }
+  SortedList view() const {
+    return items.defined() ? SortedList{items.data_ptr<int64_t>(), positions.data_ptr<int64_t>()}
+                           : SortedList{nullptr, nullptr};
+  }
+};
+
 template <typename scalar_t, typename acc_t, bool kCached>
 __global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, int64_t row0, const acc_t* scores,
-                                           const int64_t* sizes, const acc_t* total, acc_t* sums, scalar_t* neutral,
-                                           scalar_t* negative, int64_t* num_neutral, int64_t* num_negative,
-                                           acc_t* threshold, int64_t* cutoff, int64_t* hard) {
+                                           SortedList sorted, const int64_t* sizes, const acc_t* total,
+                                           acc_t* sums, scalar_t* neutral, scalar_t* negative, int64_t* num_neutral,
+                                           int64_t* num_negative, acc_t* threshold, int64_t* cutoff, int64_t* hard) {
   using key_t = typename KeyOf<acc_t>::type;
   extern __shared__ unsigned char dynamic_shared[];
   __shared__ SelectShared<key_t> sh;
@@ -74,7 +91,14 @@ __global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, int64_t row
   const int64_t b = row0 + blockIdx.x, d = batch.dim, count = batch.num_candidates, rows = batch.num_rows;
   const Row<scalar_t, acc_t> row(batch, b);
   const acc_t* row_scores = scores == nullptr ? nullptr : scores + static_cast<int64_t>(blockIdx.x) * count;
-  const RowKeys<scalar_t, acc_t, kCached> keys{row, reinterpret_cast<key_t*>(dynamic_shared), count, row_scores};
+  // with a sorted shared list, U_b as a bitmap after the cached keys (count keys keep it 4-aligned)
+  unsigned* labeled = nullptr;
+  if (kCached && sorted.sorted_items != nullptr) {
+    labeled = reinterpret_cast<unsigned*>(dynamic_shared + count * static_cast<int64_t>(sizeof(key_t)));
+    mark_labeled(row, sorted, count, labeled);
+  }
+  const RowKeys<scalar_t, acc_t, kCached> keys{row, reinterpret_cast<key_t*>(dynamic_shared), count, row_scores,
+                                               labeled};
   keys.prepare();
   int64_t row_hard, num_unlabeled;
   block_hard_negative(keys, count, hard_sh, row_hard, num_unlabeled);
@@ -129,9 +153,10 @@ __global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, int64_t row
 // shared list, the [I, d] table for per-row lists.
 template <typename scalar_t, typename acc_t>
 __global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, int64_t row0, const acc_t* scores,
-                                           const acc_t* threshold, const int64_t* cutoff, const int64_t* num_neutral,
-                                           const int64_t* num_negative, const acc_t* member_grads, acc_t* column,
-                                           acc_t* grad_rows) {
+                                           SortedList sorted, const acc_t* threshold, const int64_t* cutoff,
+                                           const int64_t* num_neutral, const int64_t* num_negative,
+                                           const acc_t* member_grads, acc_t* column, acc_t* grad_rows) {
+  extern __shared__ unsigned char dynamic_shared[];
   __shared__ DirectMembers list;
   const int64_t b = row0 + blockIdx.x, d = batch.dim, count = batch.num_candidates;
   const acc_t* row_scores = scores == nullptr ? nullptr : scores + static_cast<int64_t>(blockIdx.x) * count;
@@ -139,6 +164,11 @@ __global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, int64_t row
   const Row<scalar_t, acc_t> row(batch, b);
   const auto threshold_key = order_key(threshold[b]);
   const RowPlan plan = plan_row(shared, count, num_neutral[b], num_negative[b]);
+  unsigned* labeled = nullptr;  // with a sorted shared list, U_b as a bitmap in dynamic shared memory
+  if (sorted.sorted_items != nullptr) {
+    labeled = reinterpret_cast<unsigned*>(dynamic_shared);
+    mark_labeled(row, sorted, count, labeled);
+  }
   const acc_t* grad[3] = {nullptr, member_grads + b * d, member_grads + (batch.num_rows + b) * d};
   if (plan.by_difference) {
     for (int64_t dim = threadIdx.x; dim < d; dim += blockDim.x) column[b * d + dim] = grad[plan.larger][dim];
@@ -148,7 +178,7 @@ __global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, int64_t row
     int slot = -1;
     if (j < count) {
       const acc_t score = row_scores != nullptr ? row_scores[j] : row_score(row, j);
-      slot = direct_slot(plan, row.classify(j, score, threshold_key, cutoff[b]));
+      slot = direct_slot(plan, classify_key(row_key(row, labeled, j, score), j, threshold_key, cutoff[b]));
     }
     const int members = gather_direct(slot, j < count ? (shared ? j : row.item(j)) : 0, list);
     for (int64_t pair = threadIdx.x; pair < members * d; pair += blockDim.x) {
@@ -183,18 +213,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor sums = at::zeros({3, in.rows, in.dim}, acc_options);
   // the sum of every shared candidate's embedding, which the by-difference rows subtract from
   const at::Tensor total =
-      in.shared ? in.item_table.index_select(0, in.candidates).to(acc_options.dtype()).sum(0) : at::zeros({in.dim}, acc_options);
+      in.shared ? in.item_table.index_select(0, in.candidates).to(acc_options.dtype()).sum(0)
+                : at::zeros({in.dim}, acc_options);
   PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), kFwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     using key_t = typename KeyOf<acc_t>::type;
-    const int64_t key_bytes = in.num_candidates * static_cast<int64_t>(sizeof(key_t));
+    // the keys, and for a shared list its labeled bitmap after them
+    const int64_t key_bytes = in.num_candidates * static_cast<int64_t>(sizeof(key_t)) +
+                              (in.shared ? labeled_bitmap_bytes(in.num_candidates) : 0);
     const bool cached = key_bytes <= dynamic_shared_budget(class_centroids_fwd_kernel<scalar_t, acc_t, true>);
+    const SortedCandidates sorted(in, cached);
     const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
     const auto kernel = cached ? class_centroids_fwd_kernel<scalar_t, acc_t, true>
                                : class_centroids_fwd_kernel<scalar_t, acc_t, false>;
     const auto launch = [&](int64_t row0, int64_t num_rows, const acc_t* scores) {
-      launch_rows(kernel, num_rows, cached ? key_bytes : 0, batch, row0, scores, k_in.data_ptr<int64_t>(),
-                  total.data_ptr<acc_t>(), sums.data_ptr<acc_t>(), neutral.data_ptr<scalar_t>(),
+      launch_rows(kernel, num_rows, cached ? key_bytes : 0, batch, row0, scores, sorted.view(),
+                  k_in.data_ptr<int64_t>(), total.data_ptr<acc_t>(), sums.data_ptr<acc_t>(), neutral.data_ptr<scalar_t>(),
                   negative.data_ptr<scalar_t>(), num_neutral.data_ptr<int64_t>(), num_negative.data_ptr<int64_t>(),
                   threshold.data_ptr<acc_t>(), cutoff.data_ptr<int64_t>(), hard.data_ptr<int64_t>());
     };
@@ -236,8 +270,12 @@ at::Tensor class_centroids_bwd_cuda(const at::Tensor& grad_neutral, const at::Te
   PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), kBwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
+    const auto kernel = class_centroids_bwd_kernel<scalar_t, acc_t>;
+    const int64_t bitmap_bytes = labeled_bitmap_bytes(in.num_candidates);
+    const SortedCandidates sorted(in, bitmap_bytes <= dynamic_shared_budget(kernel));
+    const int64_t shared_bytes = sorted.items.defined() ? bitmap_bytes : 0;
     const auto launch = [&](int64_t row0, int64_t num_rows, const acc_t* scores) {
-      launch_rows(class_centroids_bwd_kernel<scalar_t, acc_t>, num_rows, 0, batch, row0, scores,
+      launch_rows(kernel, num_rows, shared_bytes, batch, row0, scores, sorted.view(),
                   threshold_in.data_ptr<acc_t>(), cutoff_in.data_ptr<int64_t>(), neutral_in.data_ptr<int64_t>(),
                   negative_in.data_ptr<int64_t>(), member_grads.data_ptr<acc_t>(), column.data_ptr<acc_t>(),
                   slots.data_ptr<acc_t>());

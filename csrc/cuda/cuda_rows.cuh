@@ -211,10 +211,63 @@ void for_each_score_tile(const RowBatch<scalar_t>& batch, const at::TensorOption
                              batch.num_candidates, DotTerm{}, acc_options, rows_of_tile);
 }
 
+// A shared candidate list sorted by item (at::sort, once a call): sorted_items[p] is the item at
+// position positions[p] of the list.
+struct SortedList {
+  const int64_t* sorted_items;
+  const int64_t* positions;
+};
+
+// Bytes of a labeled bitmap of `count` candidates (one bit each, in 32-bit words).
+inline int64_t labeled_bitmap_bytes(int64_t count) { return (count + 31) / 32 * 4; }
+
+__device__ __forceinline__ bool bit_is_set(const unsigned* bits, int64_t j) {
+  return (bits[j >> 5] >> (j & 31)) & 1u;
+}
+
+// Sets in `labeled` (the row's bitmap in shared memory) the bit of every position of the shared
+// list that is not in U_b: whose item is the row's positive or a known positive of its user.  Each
+// of those items is looked up in the sorted list (O((|known| + 1) log C) a row), where
+// Row::unlabeled would search the known list once per candidate (O(C log |known|)); the same set.
+// Call from every thread of the block; returns after a barrier.
+template <typename scalar_t, typename acc_t>
+__device__ void mark_labeled(const Row<scalar_t, acc_t>& row, SortedList list, int64_t count, unsigned* labeled) {
+  for (int64_t w = threadIdx.x; w < (count + 31) / 32; w += blockDim.x) labeled[w] = 0u;
+  __syncthreads();
+  for (int64_t t = threadIdx.x; t <= row.num_known; t += blockDim.x) {
+    const int64_t item = t < row.num_known ? row.known[t] : row.pos_item;
+    int64_t lo = 0, n = count;  // the first p with sorted_items[p] >= item
+    while (n > 0) {
+      const int64_t half = n >> 1;
+      if (list.sorted_items[lo + half] < item) {
+        lo += half + 1;
+        n -= half + 1;
+      } else {
+        n = half;
+      }
+    }
+    for (int64_t p = lo; p < count && list.sorted_items[p] == item; ++p) {
+      const int64_t j = list.positions[p];
+      atomicOr(&labeled[j >> 5], 1u << (j & 31));
+    }
+  }
+  __syncthreads();
+}
+
+// Row::key, with U_b read off the row's labeled bitmap when there is one.
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ typename KeyOf<acc_t>::type row_key(const Row<scalar_t, acc_t>& row, const unsigned* labeled,
+                                                              int64_t j, acc_t score) {
+  using key_t = typename KeyOf<acc_t>::type;
+  if (labeled == nullptr) return row.key(j, score);
+  return bit_is_set(labeled, j) ? key_t(kExcludedKey) : order_key(score);
+}
+
 // Keys (pnn_rows.h order_key, kExcludedKey outside U_b) of one row's candidates, scored by
-// row_score or read from the row's precomputed `scores` (for_each_score_tile) when given.  kCached
-// keeps them in dynamic shared memory (filled once); otherwise every read recomputes the key: the
-// slower path for rows longer than the shared-memory plan.
+// row_score or read from the row's precomputed `scores` (for_each_score_tile) when given, U_b from
+// the row's `labeled` bitmap (mark_labeled) when given.  kCached keeps the keys in dynamic shared
+// memory (filled once); otherwise every read recomputes the key: the slower path for rows longer
+// than the shared-memory plan.
 template <typename scalar_t, typename acc_t, bool kCached>
 struct RowKeys {
   using key_t = typename KeyOf<acc_t>::type;
@@ -222,9 +275,10 @@ struct RowKeys {
   key_t* cache;
   int64_t count;
   const acc_t* scores = nullptr;
+  const unsigned* labeled = nullptr;
 
   __device__ key_t compute(int64_t j) const {
-    return row.key(j, scores != nullptr ? scores[j] : row_score(row, j));
+    return row_key(row, labeled, j, scores != nullptr ? scores[j] : row_score(row, j));
   }
 
   // Fills the cache (call from every thread of the block before reading).
