@@ -235,7 +235,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     // a shared list is scored by tiles (for_each_score_tile); per-row lists, a few candidates a row,
     // by the row kernel's own threads
     if (in.shared && in.num_candidates > 0) {
-      for_each_score_tile<scalar_t, acc_t>(batch, acc_options, launch);
+      for_each_score_tile<scalar_t, acc_t>(batch, acc_options, [&](int64_t row0, const at::Tensor& scores) {
+        launch(row0, scores.size(0), scores.data_ptr<acc_t>());
+      });
     } else {
       launch(0, in.rows, nullptr);
     }
@@ -281,7 +283,9 @@ at::Tensor class_centroids_bwd_cuda(const at::Tensor& grad_neutral, const at::Te
                   slots.data_ptr<acc_t>());
     };
     if (in.shared && in.num_candidates > 0) {
-      for_each_score_tile<scalar_t, acc_t>(batch, acc_options, launch);
+      for_each_score_tile<scalar_t, acc_t>(batch, acc_options, [&](int64_t row0, const at::Tensor& scores) {
+        launch(row0, scores.size(0), scores.data_ptr<acc_t>());
+      });
     } else {
       launch(0, in.rows, nullptr);
     }

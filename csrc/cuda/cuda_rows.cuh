@@ -178,27 +178,29 @@ __global__ void chain_tile_kernel(TileSide<scalar_t> left, TileSide<scalar_t> ri
 }
 
 // The rows of `left` against the columns of `right`, a tile of rows at a time into one reused
-// [tile, columns] buffer of about kChainBufferBytes (at least kMinChainRows rows, so that the row
-// kernels that read it still fill the GPU): for each tile chain_tile_kernel, then
-// rows_of_tile(row0, num_rows, out) launches the row kernel over it.
-constexpr int64_t kChainBufferBytes = int64_t{4} << 20;
-constexpr int64_t kMinChainRows = 512;
+// buffer: for each tile chain_tile_kernel, then rows_of_tile(row0, tile) with the tile's [rows,
+// columns] view, whose row kernel reads (or rewrites) it.  About kChainTiles tiles, so that the
+// buffer stays an eighth of the [rows, columns] product (what the memory goal compares with) and
+// the launches few; at most kMaxChainBufferBytes.
+constexpr int64_t kChainTiles = 8;
+constexpr int64_t kMaxChainBufferBytes = int64_t{64} << 20;
 
 template <typename acc_t, typename scalar_t, typename Term, typename RowsOfTile>
 void for_each_chain_tile(TileSide<scalar_t> left, TileSide<scalar_t> right, int64_t d, int64_t rows,
                          int64_t columns, Term term, const at::TensorOptions& acc_options, RowsOfTile rows_of_tile) {
   if (rows == 0 || columns == 0) return;
-  const int64_t budget_rows = kChainBufferBytes / (columns * static_cast<int64_t>(sizeof(acc_t)));
-  const int64_t tile = std::min(rows, std::max(kMinChainRows, budget_rows));
-  const at::Tensor out = at::empty({tile, columns}, acc_options);
+  const int64_t row_bytes = columns * static_cast<int64_t>(sizeof(acc_t));
+  const int64_t most_rows = std::max<int64_t>(1, kMaxChainBufferBytes / row_bytes);
+  const int64_t tile = std::min((rows + kChainTiles - 1) / kChainTiles, most_rows);
+  const at::Tensor buffer = at::empty({tile, columns}, acc_options);
   for (int64_t row0 = 0; row0 < rows; row0 += tile) {
     const int64_t num_rows = std::min(tile, rows - row0);
     const dim3 grid(static_cast<unsigned int>((columns + kChainTile - 1) / kChainTile),
                     static_cast<unsigned int>((num_rows + kChainTile - 1) / kChainTile));
     chain_tile_kernel<scalar_t, acc_t, Term><<<grid, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        left, right, d, row0, num_rows, columns, term, out.data_ptr<acc_t>());
+        left, right, d, row0, num_rows, columns, term, buffer.data_ptr<acc_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    rows_of_tile(row0, num_rows, static_cast<const acc_t*>(out.data_ptr<acc_t>()));
+    rows_of_tile(row0, buffer.narrow(0, 0, num_rows));
   }
 }
 

@@ -4,13 +4,14 @@
 // pnn_rows.h's squared_distance chain, so the CPU's bits.
 // Forward: each thread runs a streaming log-sum-exp over its strided share of the j != i and
 // the block merges them (pnn_rows.h lse_merge); at::logsumexp merges the rows in float64.
-// Backward: per chunk of kThreads points, each thread computes one weight w_ij, then the threads
-// accumulate sum_j w_ij (x_i - x_j) along the dims, several threads a dim when d < kThreads.
-// Memory: O(n d) and the distance tile (about 4 MiB), never an [n, n] buffer.
+// Backward: a block per point turns its row of the tile into the weights w_ij and their sum, and
+// sum_j w_ij x_j is one matrix product of the tile with x (at::mm), so that
+// grad_i = -4 t grad (sum_j w_ij x_i - sum_j w_ij x_j).
+// Memory: O(n d) and the distance tile, never an [n, n] buffer.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/logsumexp.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
@@ -49,56 +50,23 @@ __global__ void uniformity_rows_kernel(const acc_t* distances, int64_t row0, int
   if (threadIdx.x == 0) row_lse[i] = static_cast<double>(lse_value(LogSumExp<acc_t>{maxima[0], sums[0]}));
 }
 
-// grad_x[i] = -4 t grad sum_{j != i} exp(l_ij - L) (x_i - x_j), L = the forward's float64 total.
-template <typename scalar_t, typename acc_t>
-__global__ void uniformity_grad_kernel(const scalar_t* x, const acc_t* distances, int64_t row0, int64_t n, int64_t d,
-                                       acc_t neg_t, double t, const scalar_t* grad, const double* total, acc_t* acc,
-                                       scalar_t* grad_x) {
-  __shared__ acc_t weights[kThreads];
-  __shared__ acc_t partials[kThreads];
+// In place over a tile of squared distances: w_ij = exp(-t d_ij - L) for j != i (i = row0 + the
+// block's row), 0 at j = i, with L the forward's float64 total; weight_sums[i] = sum_j w_ij.
+template <typename acc_t>
+__global__ void uniformity_weights_kernel(acc_t* tile, int64_t row0, int64_t n, acc_t neg_t, const double* total,
+                                          acc_t* weight_sums) {
+  __shared__ acc_t scratch[kWarps];
   const int64_t i = row0 + blockIdx.x;
-  const acc_t* distance = distances + static_cast<int64_t>(blockIdx.x) * n;
-  // with d < kThreads a dim gets several threads (d = 64: all 256 busy instead of 64)
-  const int64_t groups = d > 0 && d < kThreads ? kThreads / d : 1;
+  acc_t* weights = tile + static_cast<int64_t>(blockIdx.x) * n;
   const acc_t total_lse = static_cast<acc_t>(total[0]);
-  const acc_t scale = static_cast<acc_t>(static_cast<double>(static_cast<acc_t>(grad[0])) * -4.0 * t);
-  acc_t* acc_i = acc + i * d;  // zeroed workspace; each thread owns its dims
-  for (int64_t j0 = 0; j0 < n; j0 += kThreads) {
-    const int64_t j = j0 + threadIdx.x;
-    weights[threadIdx.x] =
-        (j < n && j != i) ? exp_(neg_t * distance[j] - total_lse) : acc_t(0);
-    __syncthreads();
-    const int64_t chunk = n - j0 < kThreads ? n - j0 : kThreads;
-    if (groups == 1) {
-      for (int64_t dim = threadIdx.x; dim < d; dim += blockDim.x) {
-        const acc_t xi = static_cast<acc_t>(x[i * d + dim]);
-        acc_t sum = 0;
-        for (int64_t c = 0; c < chunk; ++c) sum += weights[c] * (xi - static_cast<acc_t>(x[(j0 + c) * d + dim]));
-        acc_i[dim] += sum;
-      }
-    } else {
-      // `groups` threads per dim, each over every groups-th point of the chunk, then merged
-      const int64_t dim = threadIdx.x % d, group = threadIdx.x / d;
-      acc_t sum = 0;
-      if (group < groups) {
-        const acc_t xi = static_cast<acc_t>(x[i * d + dim]);
-        for (int64_t c = group; c < chunk; c += groups) {
-          sum += weights[c] * (xi - static_cast<acc_t>(x[(j0 + c) * d + dim]));
-        }
-      }
-      partials[threadIdx.x] = sum;
-      __syncthreads();
-      if (group == 0) {
-        acc_t merged = 0;
-        for (int64_t g = 0; g < groups; ++g) merged += partials[g * d + dim];
-        acc_i[dim] += merged;
-      }
-    }
-    __syncthreads();
+  acc_t sum = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const acc_t w = j != i ? exp_(neg_t * weights[j] - total_lse) : acc_t(0);
+    weights[j] = w;
+    sum += w;
   }
-  for (int64_t dim = threadIdx.x; dim < d; dim += blockDim.x) {
-    grad_x[i * d + dim] = static_cast<scalar_t>(scale * acc_i[dim]);
-  }
+  sum = block_sum(sum, scratch);
+  if (threadIdx.x == 0) weight_sums[i] = sum;
 }
 
 std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cuda(const at::Tensor& x, double t) {
@@ -110,10 +78,12 @@ std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cuda(const at::Tensor
   PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityFwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const TileSide<scalar_t> side{points.data_ptr<scalar_t>(), nullptr};
-    for_each_chain_tile<acc_t>(side, side, d, n, n, SquaredDiffTerm{}, x.options().dtype(opmath_dtype(x.scalar_type())),
-                               [&](int64_t row0, int64_t num_rows, const acc_t* distances) {
-                                 launch_rows(uniformity_rows_kernel<acc_t>, num_rows, 0, distances, row0, n,
-                                             static_cast<acc_t>(-t), row_lse.data_ptr<double>());
+    const at::TensorOptions acc_options = x.options().dtype(opmath_dtype(x.scalar_type()));
+    for_each_chain_tile<acc_t>(side, side, d, n, n, SquaredDiffTerm{}, acc_options,
+                               [&](int64_t row0, const at::Tensor& distances) {
+                                 launch_rows(uniformity_rows_kernel<acc_t>, distances.size(0), 0,
+                                             distances.data_ptr<acc_t>(), row0, n, static_cast<acc_t>(-t),
+                                             row_lse.data_ptr<double>());
                                });
   });
   return uniformity_outputs(at::logsumexp(row_lse, {0}), 1.0, points);
@@ -129,23 +99,27 @@ at::Tensor pairwise_uniformity_bwd_cuda(const at::Tensor& grad, const at::Tensor
   if (n < 2) return at::zeros_like(x);
   const c10::cuda::CUDAGuard guard(x.device());
   // grad and output stay on the device (no host synchronisation)
-  const at::Tensor grad_in = grad.to(points.scalar_type()).contiguous();
+  const at::ScalarType acc_dtype = opmath_dtype(x.scalar_type());
+  const at::Tensor scale = (grad.to(points.scalar_type()).to(acc_dtype).to(at::kDouble) * (-4.0 * t)).to(acc_dtype);
   const at::Tensor total_in = total.to(at::kDouble).contiguous();
-  at::Tensor acc = at::zeros({n, d}, x.options().dtype(opmath_dtype(x.scalar_type())));
-  at::Tensor grad_x = at::empty({n, d}, points.options());
+  const at::Tensor x_acc = points.to(acc_dtype).contiguous();
+  const at::Tensor weight_sums = at::empty({n}, x_acc.options());
+  const at::Tensor weighted = at::empty({n, d}, x_acc.options());  // sum_j w_ij x_j
   PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityBwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const TileSide<scalar_t> side{points.data_ptr<scalar_t>(), nullptr};
-    for_each_chain_tile<acc_t>(side, side, d, n, n, SquaredDiffTerm{}, acc.options(),
-                               [&](int64_t row0, int64_t num_rows, const acc_t* distances) {
-                                 launch_rows(uniformity_grad_kernel<scalar_t, acc_t>, num_rows, 0,
-                                             points.data_ptr<scalar_t>(), distances, row0, n, d,
-                                             static_cast<acc_t>(-t), t, grad_in.data_ptr<scalar_t>(),
-                                             total_in.data_ptr<double>(), acc.data_ptr<acc_t>(),
-                                             grad_x.data_ptr<scalar_t>());
+    for_each_chain_tile<acc_t>(side, side, d, n, n, SquaredDiffTerm{}, x_acc.options(),
+                               [&](int64_t row0, const at::Tensor& tile) {
+                                 launch_rows(uniformity_weights_kernel<acc_t>, tile.size(0), 0,
+                                             tile.data_ptr<acc_t>(), row0, n, static_cast<acc_t>(-t),
+                                             total_in.data_ptr<double>(), weight_sums.data_ptr<acc_t>());
+                                 at::Tensor rows = weighted.narrow(0, row0, tile.size(0));
+                                 at::mm_out(rows, tile, x_acc);
                                });
   });
-  return grad_x;
+  // sum_j w_ij (x_i - x_j) = (sum_j w_ij) x_i - sum_j w_ij x_j
+  const at::Tensor grad_x = (weight_sums.unsqueeze(1) * x_acc - weighted) * scale;
+  return grad_x.to(points.scalar_type());
 }
 
 }  // namespace

@@ -101,8 +101,8 @@ def test_class_centroids_on_continuous_inputs(device, per_row):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_class_centroids_of_a_long_batch_in_several_score_tiles(device):
-    """2,100 rows against 2,100 shared candidates: on CUDA the rows are scored in tiles of 512
-    (for_each_score_tile, a 4 MiB buffer), so the fifth tile starts at row 2,048.  Grid inputs (exact
+    """2,100 rows against 2,100 shared candidates: on CUDA the rows are scored in 8 tiles of 263
+    (for_each_score_tile), the last of 259 rows starting at row 1,841.  Grid inputs (exact
     scores): the reference's classes, its class means and the gradient of the means w.r.t. the item
     table, for k from 0 to past |U_b|."""
     batch = make_batch(2100, 6, dtype=torch.float32, num_users=300, num_items=3000, known_per_user=20, seed=11,
