@@ -214,3 +214,23 @@ def test_every_cuda_op_file_is_in_the_cuda_translation_unit():
     """setup.py and CMake compile csrc/cuda_ops.cu, which includes the op files: a new one must be listed."""
     listed = re.findall(r'^#include "cuda/(\w+\.cu)"$', (ROOT / "csrc" / "cuda_ops.cu").read_text(), re.MULTILINE)
     assert sorted(listed) == sorted(p.name for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
+
+
+#: C++20 library names: torch before 2.13 builds extensions as C++17 (the GPU machine's 2.11 did, and
+#: std::bit_width broke its build while this machine's torch 2.14, which builds as C++20, compiled it)
+CXX20_ONLY = re.compile(r"#include <(bit|span|ranges|numbers|concepts|compare|format|source_location)>|"
+                        r"std::(bit_width|bit_cast|bit_ceil|bit_floor|has_single_bit|popcount|countl_zero|"
+                        r"countr_zero|rotl|rotr|span|ranges::|views::|midpoint|lerp|ssize|erase_if|"
+                        r"remove_cvref|type_identity|is_constant_evaluated|to_address|assume_aligned)\b|"
+                        r"\b(consteval|constinit|co_await|co_return|co_yield)\b|<=>")
+
+
+def test_sources_stay_within_cxx17():
+    """No C++20-only header, library name or keyword in csrc (a grep: the local torch cannot build the
+    sources as C++17, its own headers need C++20)."""
+    sources = [p for p in (ROOT / "csrc").rglob("*") if p.suffix in {".h", ".cpp", ".cu", ".cuh"}]
+    assert sources
+    found = [f"{p.relative_to(ROOT)}:{number}: {line.strip()}" for p in sources
+             for number, line in enumerate(p.read_text().splitlines(), 1)
+             if CXX20_ONLY.search(line.split("//")[0])]
+    assert not found, "C++20 in sources that torch < 2.13 builds as C++17:\n" + "\n".join(found)
