@@ -18,9 +18,9 @@
 # backward against the reference plus torch.compile(PNNLoss) against eager; the same workload under
 # compute-sanitizer memcheck; bench_pnn_loss.py on CUDA at B = 2048 and 8192
 # (reference, torch.compile(reference), fused: ms and torch.cuda.max_memory_allocated) and
-# torch.profiler's top kernels of the fused step at B = 8192 (--profile); one ML-1M epoch each
-# of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); racecheck over the smoke workload; the CPU
-# kernels' tests on the machine's 16 cores (thread-count bugs that 2 cores hide). Every step's whole log
+# torch.profiler's top kernels of the fused step at both sizes (--profile); one ML-1M epoch each
+# of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); racecheck over
+# the smoke workload; the CPU kernels' tests on the machine's 16 cores (thread-count bugs that 2 cores hide). Every step's whole log
 # comes back in $OUT/logs.tar.gz; the report quotes each log's error lines and its end.
 set -uo pipefail
 
@@ -97,7 +97,7 @@ assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no G
   run memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
   run bench-pnn-loss 180 "$PYTHON" bench/bench_pnn_loss.py --devices cuda --batches 2048 8192 \
     --json "$OUT/bench_pnn_loss.json"
-  run profile-cuda 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cuda --batches 8192
+  run profile-cuda 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cuda --batches 2048 8192
   run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn,pnn-dns-anchored "$PYTHON" -m pytest -q \
     -p no:cacheprovider bench/bench_epochs.py --benchmark-columns=median,rounds
   run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
