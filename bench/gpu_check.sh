@@ -20,8 +20,9 @@
 # (reference, torch.compile(reference), fused: ms and torch.cuda.max_memory_allocated) and
 # torch.profiler's top kernels of the fused step at both sizes (--profile); one ML-1M epoch each
 # of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); racecheck over
-# the smoke workload; the CPU kernels' tests on the machine's 16 cores (thread-count bugs that 2 cores hide). Every step's whole log
-# comes back in $OUT/logs.tar.gz; the report quotes each log's error lines and its end.
+# the smoke workload; the CPU kernels' tests on the machine's 16 cores (thread-count bugs that 2
+# cores hide). Every step's whole log comes back in $OUT/logs.tar.gz; the report quotes each log's
+# error lines and its end.
 set -uo pipefail
 
 DRY_RUN=0
