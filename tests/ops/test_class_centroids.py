@@ -126,6 +126,25 @@ def test_class_centroids_of_a_long_batch_in_several_score_tiles(device):
     torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device and the CUDA kernels")
+@pytest.mark.parametrize("per_row", [None, 13])
+def test_cuda_selection_is_the_cpus_bit_for_bit(per_row):
+    """Continuous float32 inputs, d = 67 (no 16-byte rows) and 64: CUDA's scores (the score tiles of a
+    shared list, each thread's chain for per-row lists) are pnn_rows.h's chain, as the CPU's, so the
+    selection state, the threshold included (a score itself), and the hard negative match exactly."""
+    for dim in (67, 64):
+        batches = [make_batch(700, dim, per_row=per_row, dtype=torch.float32, grid=False, num_users=300,
+                              num_items=900, seed=12, device=device) for device in ("cpu", "cuda")]
+        k = torch.randint(0, 30, (700,), generator=torch.Generator().manual_seed(5))
+        cpu = ops.class_centroids(*row_args(batches[0]), k)
+        cuda = ops.class_centroids(*row_args(batches[1]), k.cuda())
+        for name, want, got in zip(("num_neutral", "num_negative", "threshold", "cutoff", "hard"), cpu[2:], cuda[2:]):
+            assert torch.equal(got.cpu(), want), f"{name} differs (d = {dim})"
+        torch.testing.assert_close(cuda[0].cpu(), cpu[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cuda[1].cpu(), cpu[1], rtol=1e-5, atol=1e-5)
+
+
 def test_class_centroids_without_candidates_are_zero():
     batch = make_batch(5, 3, per_row=2, seed=7)
     no_cands = dict(batch, candidates=batch["candidates"][:, :0])
