@@ -19,8 +19,8 @@
 # compute-sanitizer memcheck; bench_pnn_loss.py on CUDA at B = 2048 and 8192
 # (reference, torch.compile(reference), fused: ms and torch.cuda.max_memory_allocated) and
 # torch.profiler's top kernels of the fused step at both sizes (--profile); one ML-1M epoch each
-# of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); racecheck over
-# the smoke workload; the CPU kernels' tests on the machine's 16 cores (thread-count bugs that 2
+# of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py) and torch.profiler's
+# top kernels of the DNS and preset epochs (profile_epoch.py); racecheck over the smoke workload; the CPU kernels' tests on the machine's 16 cores (thread-count bugs that 2
 # cores hide). Every step's whole log comes back in $OUT/logs.tar.gz; the report quotes each log's
 # error lines and its end.
 set -uo pipefail
@@ -40,7 +40,11 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 DEADLINE_S=${DEADLINE_S:-480}
 PYTHON=${PYTHON:-python}
-export PNN_FAST_DATA=${PNN_FAST_DATA:-$PWD/bench/.data}
+# the data: bench/.data on the device machine (copied there, see above), else ../shared/data beside the checkout
+if [[ -z "${PNN_FAST_DATA:-}" ]]; then
+  if [[ -d bench/.data/ml-1m ]]; then PNN_FAST_DATA=$PWD/bench/.data; else PNN_FAST_DATA=$PWD/../shared/data; fi
+fi
+export PNN_FAST_DATA
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 START=$(date +%s)
 FAILED=0
@@ -86,6 +90,7 @@ if (( DRY_RUN )); then
   run bench-args 60 "$PYTHON" bench/bench_pnn_loss.py --help
   run profile-cpu 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cpu --batches 256 --threads 1
   run epochs-collect 60 "$PYTHON" -m pytest bench/bench_epochs.py --collect-only -q -p no:cacheprovider
+  run profile-epoch-cpu 120 "$PYTHON" bench/profile_epoch.py --device cpu --losses dns --rows 8
 else
   run build 330 "$PYTHON" -m pip install --no-build-isolation --no-deps -e .
   run extension 60 "$PYTHON" -c "import torch, pnn_fast; info = pnn_fast.build_info(); print(info); \
@@ -101,6 +106,7 @@ assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no G
   run profile-cuda 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cuda --batches 2048 8192
   run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn,pnn-dns-anchored "$PYTHON" -m pytest -q \
     -p no:cacheprovider bench/bench_epochs.py --benchmark-columns=median,rounds
+  run profile-epochs 120 "$PYTHON" bench/profile_epoch.py --device cuda --losses dns pnn-dns-anchored
   run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
   run tests-cpu 150 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:logging -p xdist -n 8 -rfE tests/ops \
     tests/test_losses.py tests/test_attention.py -k "not cuda"
