@@ -16,6 +16,9 @@ from batches import requires_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: the steps of gpu_check.sh --dry-run
+DRY_RUN_STEPS = ("syntax", "linkage", "smoke-cpu", "bench-args", "profile-cpu", "epochs-collect", "profile-epoch-cpu")
+
 
 @requires_kernels
 def test_gpu_check_dry_run_passes_and_writes_its_report(tmp_path):
@@ -24,16 +27,14 @@ def test_gpu_check_dry_run_passes_and_writes_its_report(tmp_path):
                          capture_output=True, text=True, timeout=600)
     report = (tmp_path / "gpu_check.md").read_text()
     assert run.returncode == 0, report
-    for step in ("syntax", "linkage", "smoke-cpu", "bench-args", "profile-cpu", "epochs-collect",
-                 "profile-epoch-cpu"):
+    for step in DRY_RUN_STEPS:
         assert f"| {step} | ok |" in report, report
     assert "gpu_smoke: table ops ok on cpu" in report
     # the logs come back as one archive (the device tool returns only a few files)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.md", "logs.tar.gz"]
     with tarfile.open(tmp_path / "logs.tar.gz") as archive:
         names = archive.getnames()
-    for step in ("syntax", "linkage", "smoke-cpu", "bench-args", "profile-cpu", "epochs-collect",
-                 "profile-epoch-cpu"):
+    for step in DRY_RUN_STEPS:
         assert f"logs/{step}.log" in names, names
 
 
