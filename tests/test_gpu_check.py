@@ -10,8 +10,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import pytest
-
 from batches import requires_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
