@@ -119,21 +119,9 @@ PNN_HD inline acc_t sequential_sum(const scalar_t* a, const scalar_t* b, int64_t
   return acc;
 }
 
-// <a, b> over d entries, accumulated in acc_t.
-template <typename acc_t, typename scalar_t>
-PNN_HD inline acc_t dot(const scalar_t* a, const scalar_t* b, int64_t d) {
-  return sequential_sum<acc_t>(a, b, d, DotTerm{});
-}
-
-// ||a - b||^2 from the differences (no |a|^2 + |b|^2 - 2ab cancellation at any scale).
-template <typename acc_t, typename scalar_t>
-PNN_HD inline acc_t squared_distance(const scalar_t* a, const scalar_t* b, int64_t d) {
-  return sequential_sum<acc_t>(a, b, d, SquaredDiffTerm{});
-}
-
 // <a, b> with 8 interleaved partial sums combined by a fixed tree: the same result on every
-// run and thread count, but not a single chain, so it is not bit-identical to dot(); for the
-// lookup ops, whose scores decide no ties or classes.  Independent chains let the CPU overlap
+// run and thread count, but not a single chain, so it is not bit-identical to sequential_sum's
+// DotTerm chain; for the lookup ops, whose scores decide no ties or classes.  Independent chains let the CPU overlap
 // the additions (and vectorise them) instead of waiting out one add latency per element.
 template <typename acc_t, typename scalar_t>
 PNN_HD inline acc_t dot_wide(const scalar_t* a, const scalar_t* b, int64_t d) {
@@ -630,16 +618,9 @@ struct Row {
     return it != pos_item && !sorted_contains(known, num_known, it);
   }
 
-  PNN_HD acc_t score(int64_t j) const { return dot<acc_t>(user, embedding(j), dim); }
-
   // order_key of candidate j's score for members of U_b, kExcludedKey for the others.
   PNN_HD key_t key(int64_t j, acc_t score) const {
     return unlabeled(j) ? order_key(score) : key_t(kExcludedKey);
-  }
-
-  // Class of candidate j given its score and the row's bottom-k state (see in_bottom_k).
-  PNN_HD RowClass classify(int64_t j, acc_t score, key_t threshold_key, int64_t cutoff) const {
-    return classify_key(key(j, score), j, threshold_key, cutoff);
   }
 };
 

@@ -177,7 +177,7 @@ __global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, int64_t row
     const int64_t j = j0 + threadIdx.x;
     int slot = -1;
     if (j < count) {
-      const acc_t score = row_scores != nullptr ? row_scores[j] : row_score(row, j);
+      const acc_t score = candidate_score(row, row_scores, j);
       slot = direct_slot(plan, classify_key(row_key(row, labeled, j, score), j, threshold_key, cutoff[b]));
     }
     const int members = gather_direct(slot, j < count ? (shared ? j : row.item(j)) : 0, list);

@@ -110,10 +110,16 @@ __device__ __forceinline__ acc_t chain_sum(const scalar_t* a, const scalar_t* b,
   return sequential_sum<acc_t>(a, b, d, term);
 }
 
-// Row::score, by chain_sum.
+// The score of row's candidate j: the DotTerm chain of the user and the candidate's embedding.
 template <typename scalar_t, typename acc_t>
 __device__ __forceinline__ acc_t row_score(const Row<scalar_t, acc_t>& row, int64_t j) {
   return chain_sum<acc_t>(row.user, row.embedding(j), row.dim, DotTerm{});
+}
+
+// Candidate j's score: the row's precomputed scores[j] (for_each_score_tile) when given, else row_score.
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ acc_t candidate_score(const Row<scalar_t, acc_t>& row, const acc_t* scores, int64_t j) {
+  return scores != nullptr ? scores[j] : row_score(row, j);
 }
 
 // One side of a pair tile: its row r is base + (index ? index[r] : r) * d.
@@ -125,7 +131,7 @@ struct TileSide {
 };
 
 // out[r, c] = the chain of `term` over k = 0..d-1 (pnn_rows.h sequential_sum) of left row row0 + r
-// and right row c: for DotTerm the same bits as row_score, for SquaredDiffTerm as squared_distance.
+// and right row c: for DotTerm the same bits as row_score, for SquaredDiffTerm as the CPU's distances.
 // A GEMM in the classic shared-memory form but with no split of k: a block computes kChainTile x
 // kChainTile entries from panels of kChainDepth dims of both sides, each thread 4 x 4 of them (rows
 // ty + 16 i, columns tx + 16 j: coalesced panel reads and writes).  It replaces the row kernels'
@@ -266,10 +272,9 @@ __device__ __forceinline__ typename KeyOf<acc_t>::type row_key(const Row<scalar_
 }
 
 // Keys (pnn_rows.h order_key, kExcludedKey outside U_b) of one row's candidates, scored by
-// row_score or read from the row's precomputed `scores` (for_each_score_tile) when given, U_b from
-// the row's `labeled` bitmap (mark_labeled) when given.  kCached keeps the keys in dynamic shared
-// memory (filled once); otherwise every read recomputes the key: the slower path for rows longer
-// than the shared-memory plan.
+// candidate_score, U_b from the row's `labeled` bitmap (mark_labeled) when given.  kCached keeps
+// the keys in dynamic shared memory (filled once); otherwise every read recomputes the key: the
+// slower path for rows longer than the shared-memory plan.
 template <typename scalar_t, typename acc_t, bool kCached>
 struct RowKeys {
   using key_t = typename KeyOf<acc_t>::type;
@@ -280,7 +285,7 @@ struct RowKeys {
   const unsigned* labeled = nullptr;
 
   __device__ key_t compute(int64_t j) const {
-    return row_key(row, labeled, j, scores != nullptr ? scores[j] : row_score(row, j));
+    return row_key(row, labeled, j, candidate_score(row, scores, j));
   }
 
   // Fills the cache (call from every thread of the block before reading).

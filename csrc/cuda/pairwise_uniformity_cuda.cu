@@ -1,7 +1,7 @@
 // pnn_fast::pairwise_uniformity_fwd / _bwd on CUDA, one block per point i.
 //
 // The squared distances come from for_each_chain_tile (cuda_rows.cuh), a tile of points at a time:
-// pnn_rows.h's squared_distance chain, so the CPU's bits.
+// pnn_rows.h's SquaredDiffTerm chain, so the CPU's bits.
 // Forward: each thread runs a streaming log-sum-exp over its strided share of the j != i and
 // the block merges them (pnn_rows.h lse_merge); at::logsumexp merges the rows in float64.
 // Backward: a block per point turns its row of the tile into the weights w_ij and their sum, and
