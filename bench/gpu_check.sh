@@ -90,7 +90,11 @@ if (( DRY_RUN )); then
   run bench-args 60 "$PYTHON" bench/bench_pnn_loss.py --help
   run profile-cpu 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cpu --batches 256 --threads 1
   run epochs-collect 60 "$PYTHON" -m pytest bench/bench_epochs.py --collect-only -q -p no:cacheprovider
-  run profile-epoch-cpu 120 "$PYTHON" bench/profile_epoch.py --device cpu --losses dns --rows 8
+  if [[ -e "$PNN_FAST_DATA/ml-1m/train.txt" ]]; then
+    run profile-epoch-cpu 120 "$PYTHON" bench/profile_epoch.py --device cpu --losses dns --rows 8
+  else
+    ROWS+=("| profile-epoch-cpu | skipped (no ML-1M under $PNN_FAST_DATA) | - |")
+  fi
 else
   run build 330 "$PYTHON" -m pip install --no-build-isolation --no-deps -e .
   run extension 60 "$PYTHON" -c "import torch, pnn_fast; info = pnn_fast.build_info(); print(info); \

@@ -14,8 +14,10 @@ from batches import requires_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: the steps of gpu_check.sh --dry-run
-DRY_RUN_STEPS = ("syntax", "linkage", "smoke-cpu", "bench-args", "profile-cpu", "epochs-collect", "profile-epoch-cpu")
+#: the steps of gpu_check.sh --dry-run (the epoch profile only where ML-1M is, as gpu_check.sh finds it)
+DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data"))
+DRY_RUN_STEPS = ("syntax", "linkage", "smoke-cpu", "bench-args", "profile-cpu", "epochs-collect") + (
+    ("profile-epoch-cpu",) if (DATA / "ml-1m" / "train.txt").exists() or (ROOT / "bench/.data/ml-1m").exists() else ())
 
 
 @requires_kernels
