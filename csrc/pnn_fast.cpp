@@ -45,19 +45,24 @@ TORCH_LIBRARY(pnn_fast, m) {
       "count_unlabeled(Tensor user_emb, Tensor item_table, Tensor users, Tensor pos_items, Tensor candidates, "
       "Tensor known_indptr, Tensor known_indices) -> Tensor");
   // (neutral [B, d], negative [B, d], num_neutral int64 [B], num_negative int64 [B], threshold, cutoff,
-  //  hard int64 [B]): the class means (0 for an empty class) of the candidates' item rows, the
-  // negative class being the k[b] lowest (score, j) of U_b (k clamped to [0, |U_b|]), which are
-  // those <= (threshold, cutoff) (cutoff -1 when none): the selection state the backward reads;
-  // and, from the same scores, the hard negative of hard_negative_argmax.
+  //  hard int64 [B], saved_members int32 [B, capacity], saved_ends int32 [B, 2]): the class means
+  // (0 for an empty class) of the candidates' item rows, the negative class being the k[b] lowest
+  // (score, j) of U_b (k clamped to [0, |U_b|]), which are those <= (threshold, cutoff) (cutoff -1
+  // when none): the selection state the backward reads; from the same scores, the hard negative
+  // of hard_negative_argmax; and, for a shared list, the candidates each row's backward scatters
+  // to, in two groups (entries [0, e0) and [e0, e1) of the row, (e0, e1) = saved_ends[b], or
+  // (-1, -1) when they exceed capacity: the backward then rescores the row).  The CPU kernel saves
+  // them; the CUDA kernel rescores every row and leaves saved_ends at -1.
   m.def(
       "class_centroids_fwd(Tensor user_emb, Tensor item_table, Tensor users, Tensor pos_items, "
-      "Tensor candidates, Tensor known_indptr, Tensor known_indices, Tensor k) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor candidates, Tensor known_indptr, Tensor known_indices, Tensor k, int capacity) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // grad_item_table [I, d]
   m.def(
       "class_centroids_bwd(Tensor grad_neutral, Tensor grad_negative, Tensor user_emb, Tensor item_table, "
       "Tensor users, Tensor pos_items, Tensor candidates, Tensor known_indptr, Tensor known_indices, "
-      "Tensor threshold, Tensor cutoff, Tensor num_neutral, Tensor num_negative) -> Tensor");
+      "Tensor threshold, Tensor cutoff, Tensor num_neutral, Tensor num_negative, Tensor saved_members, "
+      "Tensor saved_ends) -> Tensor");
   // (rank [B], constrain [B]) in user_emb's dtype: L_rank and L_constrain of each row from its class
   // centroids (pnn_rows.h's class_terms_row): user_emb, pos_emb, neutral, negative, noise_pos and
   // noise_neg float [B, d], valid bool [B] (|U_b| > 0), num_negative int64 [B]

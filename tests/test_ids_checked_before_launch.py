@@ -36,7 +36,7 @@ def bad_calls(device: str) -> list:
          "pos_items has ids outside"),
         ("hard_negative_argmax candidates", lambda: pnn.hard_negative_argmax(*with_candidates(args[4] + 1000)),
          "candidates has ids outside"),
-        ("class_centroids_fwd candidates", lambda: pnn.class_centroids_fwd(*with_candidates(args[4] - 1000), k),
+        ("class_centroids_fwd candidates", lambda: pnn.class_centroids_fwd(*with_candidates(args[4] - 1000), k, 0),
          "candidates has ids outside"),
         ("embedding_bpr_fwd neg_items", lambda: pnn.embedding_bpr_fwd(user_table, item_table, users, pos, neg - 100, 0.0),
          "neg_items has ids outside"),

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/aminmax.h>
+#include <ATen/ops/zeros.h>
 
 #include "common/pnn_rows.h"
 #include "common/topk_row.h"
@@ -385,6 +386,22 @@ inline at::Tensor per_member_grad(const char* op, const RowInputs& in, const at:
   const at::ScalarType acc_dtype = opmath_dtype(in.user_emb.scalar_type());
   const at::Tensor members = row_state(op, in, count, count_name, at::kLong).clamp_min(1).unsqueeze(1);
   return (row_grad(op, in, grad, grad_name).to(acc_dtype) / members.to(acc_dtype)).contiguous();
+}
+
+// class_centroids' saved scatter groups: int32 [B, capacity] candidate indices, and their int32
+// [B, 2] ends (-1: not saved).  The forward's output, after checking the capacity it was given.
+inline at::Tensor saved_members_output(const char* op, const RowInputs& in, int64_t capacity) {
+  TORCH_CHECK(capacity >= 0, op, ": capacity must be >= 0, got ", capacity);
+  // zeros: the entries past a row's groups are never read, but an output is deterministic
+  return at::zeros({in.rows, capacity}, in.users.options().dtype(at::kInt));
+}
+
+// The backward's check of the forward's saved groups (shapes and dtypes; the CPU kernel, which
+// reads them, also checks their values).
+inline void check_saved_members(const char* op, const RowInputs& in, const at::Tensor& saved_members,
+                                const at::Tensor& saved_ends) {
+  check_tensor(op, in.user_emb, saved_members, "saved_members", at::kInt, {in.rows, -1});
+  check_tensor(op, in.user_emb, saved_ends, "saved_ends", at::kInt, {in.rows, 2});
 }
 
 }  // namespace pnn_fast

@@ -17,6 +17,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -193,10 +194,10 @@ __global__ void class_centroids_bwd_kernel(RowBatch<scalar_t> batch, int64_t row
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> class_centroids_fwd_cuda(
-    const at::Tensor& user_emb, const at::Tensor& item_table, const at::Tensor& users, const at::Tensor& pos_items,
-    const at::Tensor& candidates, const at::Tensor& known_indptr, const at::Tensor& known_indices,
-    const at::Tensor& k) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+class_centroids_fwd_cuda(const at::Tensor& user_emb, const at::Tensor& item_table, const at::Tensor& users,
+                         const at::Tensor& pos_items, const at::Tensor& candidates, const at::Tensor& known_indptr,
+                         const at::Tensor& known_indices, const at::Tensor& k, int64_t capacity) {
   const RowInputs in =
       prepare_row_inputs(kFwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
   check_id_ranges(kFwd, in);
@@ -210,6 +211,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor threshold = at::empty({in.rows}, acc_options);
   at::Tensor cutoff = at::empty({in.rows}, users.options().dtype(at::kLong));
   at::Tensor hard = at::empty({in.rows}, users.options().dtype(at::kLong));
+  // the backward rescores every row on the GPU: no scatter groups are saved
+  at::Tensor saved_members = saved_members_output(kFwd, in, capacity);
+  at::Tensor saved_ends = at::full({in.rows, 2}, -1, users.options().dtype(at::kInt));
   at::Tensor sums = at::zeros({3, in.rows, in.dim}, acc_options);
   // the sum of every shared candidate's embedding, which the by-difference rows subtract from
   const at::Tensor total =
@@ -242,7 +246,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       launch(0, in.rows, nullptr);
     }
   });
-  return {neutral, negative, num_neutral, num_negative, threshold, cutoff, hard};
+  return {neutral, negative, num_neutral, num_negative, threshold, cutoff, hard, saved_members, saved_ends};
 }
 
 at::Tensor class_centroids_bwd_cuda(const at::Tensor& grad_neutral, const at::Tensor& grad_negative,
@@ -250,12 +254,14 @@ at::Tensor class_centroids_bwd_cuda(const at::Tensor& grad_neutral, const at::Te
                                     const at::Tensor& pos_items, const at::Tensor& candidates,
                                     const at::Tensor& known_indptr, const at::Tensor& known_indices,
                                     const at::Tensor& threshold, const at::Tensor& cutoff,
-                                    const at::Tensor& num_neutral, const at::Tensor& num_negative) {
+                                    const at::Tensor& num_neutral, const at::Tensor& num_negative,
+                                    const at::Tensor& saved_members, const at::Tensor& saved_ends) {
   // float atomicAdds onto the candidates' slots or rows, in an order that varies from run to run
   at::globalContext().alertNotDeterministic(kBwd);
   const RowInputs in =
       prepare_row_inputs(kBwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
   check_id_ranges(kBwd, in);
+  check_saved_members(kBwd, in, saved_members, saved_ends);  // not read: every row is rescored
   const at::ScalarType acc_dtype = opmath_dtype(user_emb.scalar_type());
   const at::TensorOptions acc_options = user_emb.options().dtype(acc_dtype);
   const at::Tensor threshold_in = row_state(kBwd, in, threshold, "threshold", acc_dtype);

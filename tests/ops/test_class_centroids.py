@@ -9,6 +9,7 @@ import torch
 from batches import DEVICES, make_batch, raw_args, reference_classes, requires_kernels, row_args
 from pnn_fast import _extension
 from pnn_fast.backends import reference
+from pnn_fast.known import KnownPositives
 
 pytestmark = requires_kernels
 
@@ -167,25 +168,129 @@ def test_class_centroids_gradcheck(device, per_row):
 
 
 def opcheck_cases(device: str) -> list:
-    """(op, args) for each schema of this op, the forward with and without an item_table requiring grad."""
-    batch = make_batch(10, 5, per_row=4, num_items=20, seed=5, device=device)
-    base = raw_args(batch)
-    k = torch.full((10,), 2, device=device)
-    diff = list(base)
-    diff[1] = base[1].clone().requires_grad_()
-    out = torch.ops.pnn_fast.class_centroids_fwd(*base, k)
-    grads = [torch.randn(10, 5, dtype=torch.float64, device=device) for _ in range(2)]
-    return [
-        (torch.ops.pnn_fast.class_centroids_fwd.default, base + [k]),
-        (torch.ops.pnn_fast.class_centroids_fwd.default, diff + [k]),
-        (torch.ops.pnn_fast.class_centroids_bwd.default, grads + base + [out[4], out[5], out[2], out[3]]),
-    ]
+    """(op, args) for each schema of this op, the forward with and without an item_table requiring
+    grad, per-row and shared candidates (the latter with saved scatter groups)."""
+    cases = []
+    for per_row, capacity in ((4, 0), (None, 6)):
+        batch = make_batch(10, 5, per_row=per_row, num_items=20, seed=5, device=device)
+        base = raw_args(batch)
+        k = torch.full((10,), 2, device=device)
+        diff = list(base)
+        diff[1] = base[1].clone().requires_grad_()
+        out = torch.ops.pnn_fast.class_centroids_fwd(*base, k, capacity)
+        grads = [torch.randn(10, 5, dtype=torch.float64, device=device) for _ in range(2)]
+        cases += [
+            (torch.ops.pnn_fast.class_centroids_fwd.default, base + [k, capacity]),
+            (torch.ops.pnn_fast.class_centroids_fwd.default, diff + [k, capacity]),
+            (torch.ops.pnn_fast.class_centroids_bwd.default, grads + base + [out[4], out[5], out[2], out[3], out[7],
+                                                                              out[8]]),
+        ]
+    return cases
+
+
+def centroids_state(batch: dict, k: torch.Tensor, capacity: int) -> tuple:
+    """The registered forward's outputs, without the item table requiring grad."""
+    return torch.ops.pnn_fast.class_centroids_fwd(*raw_args(batch), k, capacity)
+
+
+def backward_of(batch: dict, state: tuple, grads: list, saved_members: torch.Tensor, saved_ends: torch.Tensor):
+    return torch.ops.pnn_fast.class_centroids_bwd(*grads, *raw_args(batch), state[4], state[5], state[2], state[3],
+                                                  saved_members, saved_ends)
+
+
+def mixed_batch(dtype=torch.float64):
+    """300 shared candidates whose rows need every path of the backward: by difference (the
+    labeled candidates fewer than U_b) and not, groups within and beyond a capacity of C / 8.
+    Users 0-3 know 15 items in 16, users 4-7 two in 3, the others about 8 of the 200."""
+    batch = make_batch(300, 7, dtype=dtype, num_users=40, num_items=200, known_per_user=8, seed=12)
+    known = batch["known"]
+    users = [torch.repeat_interleave(torch.arange(40), known.indptr.diff())]
+    items = [known.indices]
+    for heavy, one_in in ((torch.arange(0, 4), 16), (torch.arange(4, 8), 3)):
+        heavy_items = torch.arange(200)[torch.arange(200) % one_in != 0]
+        users.append(heavy.repeat_interleave(heavy_items.numel()))
+        items.append(heavy_items.repeat(heavy.numel()))
+    batch["known"] = KnownPositives.from_pairs(torch.cat(users), torch.cat(items), 40, 200)
+    return batch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_saved_groups_are_each_rows_labeled_candidates_and_classes(dtype):
+    """For every row that has them, the forward's saved groups are the candidates the reference
+    labels (not in U_b) and its smaller class when the larger class is taken by difference
+    (|labeled| <= |U_b|), else its neutral and its negative class; the other rows have none."""
+    batch = mixed_batch(dtype)
+    rows, count = batch["candidates"].shape[0], batch["candidates"].shape[0]
+    k = torch.randint(0, 40, (rows,), generator=torch.Generator().manual_seed(1))
+    capacity = count // 8
+    state = centroids_state(batch, k, capacity)
+    saved_members, saved_ends = state[7], state[8]
+    assert saved_members.shape == (rows, capacity) and saved_ends.shape == (rows, 2)
+    _, unlabeled, negative = reference_classes(batch, k)
+    neutral = unlabeled & ~negative
+    kinds = set()
+    for b in range(rows):
+        first, last = saved_ends[b].tolist()
+        by_difference = count - int(unlabeled[b].sum()) <= int(unlabeled[b].sum())
+        if by_difference:
+            smaller = negative[b] if negative[b].sum() <= neutral[b].sum() else neutral[b]
+            want = [~unlabeled[b], smaller]
+        else:
+            want = [neutral[b], negative[b]]
+        need = sum(int(mask.sum()) for mask in want)
+        if need > capacity:
+            assert (first, last) == (-1, -1), f"row {b} needs {need} > {capacity} entries"
+            kinds.add((by_difference, "rescored"))
+            continue
+        kinds.add((by_difference, "saved"))
+        got = [saved_members[b, :first], saved_members[b, first:last]]
+        for group, mask in zip(got, want):
+            assert sorted(group.tolist()) == mask.nonzero().flatten().tolist(), f"row {b}"
+    assert kinds == {(True, "saved"), (True, "rescored"), (False, "saved"), (False, "rescored")}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_saved_groups_give_the_rescored_gradient_bit_for_bit(dtype):
+    """The backward from the saved groups, from none (every row rescored) and from a capacity of
+    0 gives the same bits: the same additions in the same order."""
+    batch = mixed_batch(dtype)
+    rows = batch["candidates"].shape[0]
+    k = torch.randint(0, 40, (rows,), generator=torch.Generator().manual_seed(2))
+    gen = torch.Generator().manual_seed(3)
+    grads = [torch.randn(rows, 7, generator=gen, dtype=torch.float64).to(dtype) for _ in range(2)]
+    state = centroids_state(batch, k, rows // 8)
+    from_saved = backward_of(batch, state, grads, state[7], state[8])
+    assert (state[8][:, 1] >= 0).any() and (state[8][:, 1] < 0).any()
+    rescored = backward_of(batch, state, grads, state[7], torch.full_like(state[8], -1))
+    assert torch.equal(from_saved, rescored)
+    no_capacity = centroids_state(batch, k, 0)
+    assert (no_capacity[8] == -1).all()
+    assert torch.equal(backward_of(batch, no_capacity, grads, no_capacity[7], no_capacity[8]), rescored)
 
 
 def test_kernel_preconditions_are_clear_errors():
-    args = raw_args(make_batch(6, 4, seed=6))
+    batch = make_batch(6, 4, seed=6)
+    args = raw_args(batch)
+    no_groups = [torch.zeros(6, 0, dtype=torch.int32), torch.full((6, 2), -1, dtype=torch.int32)]
     with pytest.raises(RuntimeError, match="threshold must be Double"):
         torch.ops.pnn_fast.class_centroids_bwd(args[0], args[0], *args, torch.zeros(6), torch.zeros(6, dtype=torch.long),
-                                               torch.ones(6, dtype=torch.long), torch.ones(6, dtype=torch.long))
+                                               torch.ones(6, dtype=torch.long), torch.ones(6, dtype=torch.long),
+                                               *no_groups)
     with pytest.raises(RuntimeError, match="k must be Long"):
-        torch.ops.pnn_fast.class_centroids_fwd(*args, torch.ones(6, dtype=torch.int32))
+        torch.ops.pnn_fast.class_centroids_fwd(*args, torch.ones(6, dtype=torch.int32), 0)
+    k = torch.ones(6, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="capacity must be >= 0, got -1"):
+        torch.ops.pnn_fast.class_centroids_fwd(*args, k, -1)
+    state = centroids_state(batch, k, 4)
+    grads = [args[0], args[0]]
+    with pytest.raises(RuntimeError, match="saved_ends must be Int"):
+        backward_of(batch, state, grads, state[7], state[8].long())
+    with pytest.raises(RuntimeError, match=r"saved_ends\[2\] = \(0, 5\) is neither \(-1, -1\) nor within \[0, 4\]"):
+        ends = state[8].clone()
+        ends[2] = torch.tensor([0, 5])
+        backward_of(batch, state, grads, state[7], ends)
+    with pytest.raises(RuntimeError, match=r"saved_members\[1, 0\] = 6 is not a candidate index in \[0, 6\)"):
+        members, ends = torch.zeros_like(state[7]), state[8].clone()
+        members[1, 0] = 6
+        ends[1] = torch.tensor([1, 1])
+        backward_of(batch, state, grads, members, ends)
