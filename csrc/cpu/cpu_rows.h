@@ -91,7 +91,7 @@ void to_acc(const scalar_t* a, int64_t d, std::vector<acc_t>& out) {
 
 // One call's candidates, prepared once and read by every task.  For a shared list: the
 // embeddings tiled for SIMD scoring, the positions of each item in the list (so that a row finds
-// its labeled candidates with one lookup per known item, see for_each_labeled) and the sum of all
+// its labeled candidates with one lookup per known item, see labeled_positions) and the sum of all
 // candidate embeddings (the class sums subtract from it, see class_centroids_cpu.cpp).
 template <typename scalar_t, typename acc_t>
 struct CandidateSet {
@@ -120,19 +120,29 @@ struct CandidateSet {
     }
   }
 
-  // Calls f(j) for every index j of the shared list whose item is `item`, in increasing j.
-  template <typename F>
-  void for_each_position(int64_t item, F f) const {
-    for (int32_t j = first_position[item]; j >= 0; j = next_position[j]) f(int64_t{j});
-  }
-
-  // Calls f(j) once for every labeled candidate j of `row` (its item is the row's positive or a
-  // known item) of a shared list: one table lookup per known item, O(N_u + labeled candidates)
-  // per row whatever C is (a binary search per known item cost a third of an in-batch PNN step).
-  template <typename F>
-  void for_each_labeled(const Row<scalar_t, acc_t>& row, F f) const {
-    for (int64_t i = 0; i < row.num_known; ++i) for_each_position(row.known[i], f);
-    if (!sorted_contains(row.known, row.num_known, row.pos_item)) for_each_position(row.pos_item, f);
+  // The labeled candidates j of `row` (its item is the row's positive or a known item) of a shared
+  // list, into `out`: the first position of each such item in the row's order of items, then the
+  // repeats.  One table lookup per known item, O(N_u + labeled candidates) per row whatever C is
+  // (a binary search per known item cost a third of an in-batch PNN step).  The first positions
+  // are kept without a branch: most known items are not in the batch, and a branch on it
+  // mispredicted about as often as not; only the rarer repeats are walked.
+  void labeled_positions(const Row<scalar_t, acc_t>& row, std::vector<int64_t>& out) const {
+    out.resize(row.num_known + 1);
+    int64_t n = 0;
+    for (int64_t i = 0; i < row.num_known; ++i) {
+      const int32_t j = first_position[row.known[i]];
+      out[n] = j;
+      n += j >= 0;
+    }
+    if (!sorted_contains(row.known, row.num_known, row.pos_item)) {
+      const int32_t j = first_position[row.pos_item];
+      out[n] = j;
+      n += j >= 0;
+    }
+    out.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int32_t j = next_position[out[i]]; j >= 0; j = next_position[j]) out.push_back(j);
+    }
   }
 };
 
@@ -167,10 +177,8 @@ class RowScan {
     for (int64_t j = 0; j < count; ++j) keys_[j] = order_key(scores[j]);  // vectorised: no branch
     labeled_.clear();
     if (set_.shared) {
-      set_.for_each_labeled(row_, [&](int64_t j) {
-        keys_[j] = key_t(kExcludedKey);
-        labeled_.push_back(j);
-      });
+      set_.labeled_positions(row_, labeled_);
+      for (const int64_t j : labeled_) keys_[j] = key_t(kExcludedKey);
     } else {
       flags_.resize(count);
       unlabeled_flags(row_, row_.candidates, count, flags_.data());
