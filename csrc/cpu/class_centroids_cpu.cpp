@@ -33,7 +33,7 @@ constexpr const char* kFwd = "pnn_fast::class_centroids_fwd";
 constexpr const char* kBwd = "pnn_fast::class_centroids_bwd";
 
 template <typename scalar_t, typename acc_t>
-void add_row(acc_t* dst, const scalar_t* v, int64_t d, acc_t sign) {
+inline __attribute__((always_inline)) void add_row(acc_t* dst, const scalar_t* v, int64_t d, acc_t sign) {
   for (int64_t i = 0; i < d; ++i) dst[i] += sign * acc_t(v[i]);
 }
 
@@ -119,10 +119,12 @@ class_centroids_fwd_cpu(const at::Tensor& user_emb, const at::Tensor& item_table
           acc_t* larger = sums.data() + plan.larger * d;
           acc_t* smaller = sums.data() + plan.smaller * d;
           std::copy(set.total.begin(), set.total.end(), larger);
-          for (const int64_t j : scan.labeled()) add_row(larger, row.embedding(j), d, acc_t(-1));
           scan.members(plan.smaller, threshold_key, cutoff_out[b], members);
-          for (const int64_t j : members) add_row(smaller, row.embedding(j), d, acc_t(1));
-          add_row(larger, smaller, d, acc_t(-1));
+          run_widest([&]() PNN_INLINE_LAMBDA {  // element-wise adds in a fixed order: the same bits
+            for (const int64_t j : scan.labeled()) add_row(larger, row.embedding(j), d, acc_t(-1));
+            for (const int64_t j : members) add_row(smaller, row.embedding(j), d, acc_t(1));
+            add_row(larger, smaller, d, acc_t(-1));
+          });
           saved.add_group(scan.labeled());
           saved.add_group(members);
         } else {

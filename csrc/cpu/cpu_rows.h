@@ -174,7 +174,14 @@ class RowScan {
     }
     scores_ = scores;
     keys_.resize(count);
-    for (int64_t j = 0; j < count; ++j) keys_[j] = order_key(scores[j]);  // vectorised: no branch
+    key_t* keys = keys_.data();
+    run_widest([&]() PNN_INLINE_LAMBDA {
+      // locals: the closure's fields could alias the stores, which would stop vectorisation
+      key_t* out = keys;
+      const acc_t* in = scores;
+      const int64_t n = count;
+      for (int64_t j = 0; j < n; ++j) out[j] = order_key(in[j]);  // vectorised: no branch
+    });
     labeled_.clear();
     if (set_.shared) {
       set_.labeled_positions(row_, labeled_);
@@ -210,10 +217,18 @@ class RowScan {
     uint8_t* flags = flags_.data();
     // 32-bit positions (C < 2^31, see prepare_row_inputs) keep the lanes as wide as float keys
     const int32_t last = static_cast<int32_t>(std::min<int64_t>(cutoff, count));
-    for (int32_t j = 0; j < static_cast<int32_t>(count); ++j) {
-      const bool bottom = any & ((keys[j] < threshold_key) | ((keys[j] == threshold_key) & (j <= last)));
-      flags[j] = (keys[j] != key_t(kExcludedKey)) & (bottom == negative);
-    }
+    run_widest([&]() PNN_INLINE_LAMBDA {  // unsigned compares: SSE2 has none, AVX2 has them
+      // locals: the byte stores could alias the closure's fields, which would stop vectorisation
+      const key_t* in = keys;
+      uint8_t* out = flags;
+      const key_t bound = threshold_key;
+      const int32_t n = static_cast<int32_t>(count), through = last;
+      const bool want_bottom = negative, nonempty = any;
+      for (int32_t j = 0; j < n; ++j) {
+        const bool bottom = nonempty & ((in[j] < bound) | ((in[j] == bound) & (j <= through)));
+        out[j] = (in[j] != key_t(kExcludedKey)) & (bottom == want_bottom);
+      }
+    });
     static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "byte b of the word is flags[base + b]");
     out.resize(count);
     int64_t n = 0;
@@ -229,11 +244,21 @@ class RowScan {
   // largest key, then its first position (hard_better's order, in two simple loops).
   std::pair<int64_t, int64_t> hard_negative() const {
     key_t best = 0;
-    int64_t members = 0;
-    for (const key_t key : keys_) {
-      members += key != key_t(kExcludedKey);
-      best = key > best ? key : best;
-    }
+    int32_t members = 0;  // C < 2^31 (prepare_row_inputs); a count as wide as float keys vectorises
+    const key_t* keys = keys_.data();
+    const int64_t count = static_cast<int64_t>(keys_.size());
+    run_widest([&]() PNN_INLINE_LAMBDA {  // an unsigned max: SSE2 has none, AVX2 has it
+      key_t row_best = 0;  // locals, not the captured references, so that they stay in registers
+      int32_t row_members = 0;
+      const key_t* in = keys;
+      const int64_t n = count;
+      for (int64_t j = 0; j < n; ++j) {
+        row_members += in[j] != key_t(kExcludedKey);
+        row_best = in[j] > row_best ? in[j] : row_best;
+      }
+      best = row_best;
+      members = row_members;
+    });
     if (members == 0) return {-1, 0};
     return {std::find(keys_.begin(), keys_.end(), best) - keys_.begin(), members};
   }
