@@ -210,13 +210,22 @@ class RowScan {
   void members(RowClass cls, key_t threshold_key, int64_t cutoff, std::vector<int64_t>& out) {
     const int64_t count = static_cast<int64_t>(keys_.size());
     const int64_t padded = (count + 7) / 8 * 8;
-    flags_.assign(padded, uint8_t{0});
     // classify_key's test without its branches; an empty bottom k (cutoff < 0) has no member
     const bool negative = cls == kNegative, any = cutoff >= 0;
     const key_t* keys = keys_.data();
-    uint8_t* flags = flags_.data();
     // 32-bit positions (C < 2^31, see prepare_row_inputs) keep the lanes as wide as float keys
     const int32_t last = static_cast<int32_t>(std::min<int64_t>(cutoff, count));
+#ifdef PNN_SIMD_AVX2_DISPATCH
+    if constexpr (std::is_same_v<key_t, uint32_t>) {
+      if (simd_level() == kSimdAvx512) {
+        out.resize(count);
+        out.resize(members_avx512(keys, count, threshold_key, last, negative, any, out.data()));
+        return;
+      }
+    }
+#endif
+    flags_.assign(padded, uint8_t{0});
+    uint8_t* flags = flags_.data();
     run_widest([&]() PNN_INLINE_LAMBDA {  // unsigned compares: SSE2 has none, AVX2 has them
       // locals: the byte stores could alias the closure's fields, which would stop vectorisation
       const key_t* in = keys;
@@ -239,6 +248,42 @@ class RowScan {
     }
     out.resize(n);
   }
+
+#ifdef PNN_SIMD_AVX2_DISPATCH
+  // members() for float keys on AVX-512: each block of 16 keys tested in one vector and its
+  // members' positions compress-stored, with no branch on the bytes of a flag word (whose
+  // set-bit loop mispredicted on every row).  Writes the same positions, in increasing j.
+  __attribute__((target("avx512f"))) static int64_t members_avx512(const uint32_t* keys, int64_t count,
+                                                                   uint32_t threshold_key, int32_t last,
+                                                                   bool negative, bool any, int64_t* out) {
+    const __m512i bound = _mm512_set1_epi32(static_cast<int32_t>(threshold_key));
+    const __m512i through = _mm512_set1_epi32(last);
+    const __m512i excluded = _mm512_set1_epi32(static_cast<int32_t>(kExcludedKey));
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __mmask16 all = any ? __mmask16(0xFFFF) : __mmask16(0);
+    int64_t n = 0, begin = 0;
+    for (; begin + 16 <= count; begin += 16) {
+      const __m512i key = _mm512_loadu_si512(keys + begin);
+      const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(begin)), lanes);
+      const __mmask16 bottom =
+          all & (_mm512_cmplt_epu32_mask(key, bound) |
+                 (_mm512_cmpeq_epi32_mask(key, bound) & _mm512_cmple_epi32_mask(j, through)));
+      const __mmask16 member = _mm512_cmpneq_epi32_mask(key, excluded) & (negative ? bottom : __mmask16(~bottom));
+      const __m512i low = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(j));
+      const __m512i high = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(j, 1));
+      const int64_t low_count = __builtin_popcount(member & 0xFFu);
+      _mm512_mask_compressstoreu_epi64(out + n, static_cast<__mmask8>(member & 0xFFu), low);
+      _mm512_mask_compressstoreu_epi64(out + n + low_count, static_cast<__mmask8>(member >> 8), high);
+      n += low_count + __builtin_popcount(member >> 8);
+    }
+    for (int64_t j = begin; j < count; ++j) {
+      const bool bottom = any & ((keys[j] < threshold_key) | ((keys[j] == threshold_key) & (j <= last)));
+      out[n] = j;
+      n += (keys[j] != uint32_t(kExcludedKey)) & (bottom == negative);
+    }
+    return n;
+  }
+#endif
 
   // (argmax_{j in U_b} s_j with the smallest j on ties or -1, |U_b|) of the loaded row: the
   // largest key, then its first position (hard_better's order, in two simple loops).
