@@ -58,6 +58,49 @@ void block_distances(const TiledVectors<acc_t>& tiles, const scalar_t* points, i
   tiles.lane_sums_rows(row_points, rows, SquaredDiffTerm{}, row_out, first);
 }
 
+// w <- w * scale + shift over a block's rows [rows, columns] (row stride `stride`): one pass,
+// where ATen's mul_ and sub_ made two and cost an op call each per block.
+template <typename acc_t>
+void scale_and_shift(acc_t* w, int64_t stride, int64_t rows, int64_t columns, acc_t scale, acc_t shift) {
+  run_widest([&]() PNN_INLINE_LAMBDA {
+    for (int64_t r = 0; r < rows; ++r) {
+      acc_t* row = w + r * stride;  // locals: the closure's fields could alias the stores
+      const acc_t a = scale, b = shift;
+      const int64_t n = columns;
+      for (int64_t j = 0; j < n; ++j) row[j] = row[j] * a + b;  // no FMA (-ffp-contract=off)
+    }
+  });
+}
+
+// A block's weights w [rows, columns] (columns j >= i0; row stride `stride`) added to the weight
+// totals: each block row's sum to totals[r], and for the later columns j >= rows (rows of other
+// blocks) each column's sum to totals[j].  Lanes of fixed width, so every instruction set adds in
+// the same order and gives the same bits; in place of two ATen sums and adds a block.
+template <typename acc_t>
+void add_row_and_column_sums(const acc_t* w, int64_t stride, int64_t rows, int64_t columns, acc_t* totals) {
+  constexpr int64_t kLanes = 16;
+  run_widest([&]() PNN_INLINE_LAMBDA {
+    const int64_t n = columns, block_rows = rows;
+    acc_t* out = totals;
+    for (int64_t r = 0; r < block_rows; ++r) {
+      const acc_t* row = w + r * stride;
+      acc_t lanes[kLanes] = {};
+      int64_t j = 0;
+      for (; j + kLanes <= n; j += kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += row[j + l];
+      }
+      acc_t sum = 0;
+      for (; j < n; ++j) sum += row[j];
+      for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
+      out[r] += sum;
+    }
+    for (int64_t r = 0; r < block_rows; ++r) {
+      const acc_t* row = w + r * stride;
+      for (int64_t j = block_rows; j < n; ++j) out[j] += row[j];
+    }
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cpu(const at::Tensor& x, double t) {
   const at::Tensor points = prepare_points(kUniformityFwd, x, t);
   const int64_t n = points.size(0), d = points.size(1);
@@ -140,14 +183,16 @@ at::Tensor pairwise_uniformity_bwd_cpu(const at::Tensor& grad, const at::Tensor&
         const int64_t i0 = block * kBlockRows, rows = std::min(kBlockRows, n - i0), later = n - i0 - rows;
         block_distances(tiles, p, d, i0, rows, i0, weights, xi);
         at::Tensor w = weights.narrow(0, 0, rows).narrow(1, i0, n - i0);
-        w.mul_(-t).sub_(total_lse).exp_();
-        w.narrow(1, 0, rows).fill_diagonal_(0);
+        acc_t* w_rows = weights.data_ptr<acc_t>() + i0;
+        const int64_t stride = weights.size(1), columns = n - i0;
+        scale_and_shift(w_rows, stride, rows, columns, static_cast<acc_t>(-t), static_cast<acc_t>(-total_lse));
+        w.exp_();
+        for (int64_t r = 0; r < rows; ++r) w_rows[r * stride + r] = acc_t(0);  // no pair (i, i)
         my_weighted.narrow(0, i0, rows).addmm_(w, x_acc.narrow(0, i0, n - i0));
-        my_totals.narrow(0, i0, rows).add_(w.sum(1));
+        add_row_and_column_sums(w_rows, stride, rows, columns, my_totals.data_ptr<acc_t>() + i0);
         if (later == 0) return;
         const at::Tensor w_later = w.narrow(1, rows, later);
         my_weighted.narrow(0, i0 + rows, later).addmm_(w_later.t(), x_acc.narrow(0, i0, rows));
-        my_totals.narrow(0, i0 + rows, later).add_(w_later.sum(0));
       };
       for (int64_t task = begin; task < end; ++task) {
         block_grad(task);
