@@ -1,11 +1,10 @@
 // pnn_fast::pairwise_uniformity_fwd / _bwd on CPU.  Rows are processed in blocks of
 // kBlockRows: the block's squared distances to all points come from the SIMD tiles (the
-// difference form, exact at any scale), the exponentials and log-sum-exps from ATen's
-// vectorised kernels and the backward's weighted sums from a GEMM.  Extra memory: the points
-// tiled once (n d) and a [kBlockRows, n] block per task; no [n, n] buffer.
+// difference form, exact at any scale), the exponentials from ATen's vectorised kernel, the
+// maxima and sums from loops of fixed lane width, and the backward's weighted sums from a GEMM.
+// Extra memory: the points tiled once (n d) and a [kBlockRows, n] block per task; no [n, n] buffer.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/logsumexp.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
@@ -15,6 +14,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "common/checks.h"
@@ -58,6 +58,39 @@ void block_distances(const TiledVectors<acc_t>& tiles, const scalar_t* points, i
   tiles.lane_sums_rows(row_points, rows, SquaredDiffTerm{}, row_out, first);
 }
 
+// Lanes of a fixed width for the loops below: every instruction set adds in the same order.
+constexpr int64_t kSumLanes = 16;
+
+// sum_j v[j] over kSumLanes lanes, then the tail, then the lanes in order (inlined into the
+// run_widest bodies, so that it vectorises with their instruction set).
+template <typename acc_t>
+inline __attribute__((always_inline)) acc_t lane_sum(const acc_t* v, int64_t n) {
+  acc_t lanes[kSumLanes] = {};
+  int64_t j = 0;
+  for (; j + kSumLanes <= n; j += kSumLanes) {
+    for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] += v[j + l];
+  }
+  acc_t sum = 0;
+  for (; j < n; ++j) sum += v[j];
+  for (int64_t l = 0; l < kSumLanes; ++l) sum += lanes[l];
+  return sum;
+}
+
+// max_j v[j] (-inf for none; a max is exact in any order).
+template <typename acc_t>
+inline __attribute__((always_inline)) acc_t lane_max(const acc_t* v, int64_t n) {
+  acc_t lanes[kSumLanes];
+  for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] = neg_infinity<acc_t>();
+  int64_t j = 0;
+  for (; j + kSumLanes <= n; j += kSumLanes) {
+    for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] = v[j + l] > lanes[l] ? v[j + l] : lanes[l];
+  }
+  acc_t best = neg_infinity<acc_t>();
+  for (; j < n; ++j) best = v[j] > best ? v[j] : best;
+  for (int64_t l = 0; l < kSumLanes; ++l) best = lanes[l] > best ? lanes[l] : best;
+  return best;
+}
+
 // w <- w * scale + shift over a block's rows [rows, columns] (row stride `stride`): one pass,
 // where ATen's mul_ and sub_ made two and cost an op call each per block.
 template <typename acc_t>
@@ -78,22 +111,10 @@ void scale_and_shift(acc_t* w, int64_t stride, int64_t rows, int64_t columns, ac
 // the same order and gives the same bits; in place of two ATen sums and adds a block.
 template <typename acc_t>
 void add_row_and_column_sums(const acc_t* w, int64_t stride, int64_t rows, int64_t columns, acc_t* totals) {
-  constexpr int64_t kLanes = 16;
   run_widest([&]() PNN_INLINE_LAMBDA {
     const int64_t n = columns, block_rows = rows;
     acc_t* out = totals;
-    for (int64_t r = 0; r < block_rows; ++r) {
-      const acc_t* row = w + r * stride;
-      acc_t lanes[kLanes] = {};
-      int64_t j = 0;
-      for (; j + kLanes <= n; j += kLanes) {
-        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += row[j + l];
-      }
-      acc_t sum = 0;
-      for (; j < n; ++j) sum += row[j];
-      for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
-      out[r] += sum;
-    }
+    for (int64_t r = 0; r < block_rows; ++r) out[r] += lane_sum(w + r * stride, n);
     for (int64_t r = 0; r < block_rows; ++r) {
       const acc_t* row = w + r * stride;
       for (int64_t j = block_rows; j < n; ++j) out[j] += row[j];
@@ -125,14 +146,36 @@ std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cpu(const at::Tensor&
         // only the columns j > i0 enter the log-sum-exp: the pairs j <= i left in them are the
         // block's own triangle, set to -inf (a whole row prefix of -inf would send most of the
         // exponentials down the vector exp's slow path for special values)
+        // Each row's log-sum-exp as max + log(sum exp(l - max)): the max and the sums in plain
+        // loops, the exponentials by one ATen call a block (in place of at::logsumexp, whose
+        // passes and temporaries cost more than the exponentials at this size).
         acc_t* l = logits.data_ptr<acc_t>();
-        for (int64_t r = 0; r < rows; ++r) {
-          acc_t* row = l + r * logits.size(1);
-          std::fill(row + i0 + 1, row + i0 + r + 1, neg_infinity<acc_t>());
-          for (int64_t j = i0 + r + 1; j < n; ++j) row[j] *= neg_t;
-        }
-        const at::Tensor pairs = logits.narrow(0, 0, rows).narrow(1, i0 + 1, n - i0 - 1);
-        row_lse.narrow(0, i0, rows).copy_(at::logsumexp(pairs, {1}));
+        const int64_t stride = logits.size(1);
+        acc_t row_max[kBlockRows];
+        run_widest([&]() PNN_INLINE_LAMBDA {
+          for (int64_t r = 0; r < rows; ++r) {
+            acc_t* row = l + r * stride;
+            std::fill(row + i0 + 1, row + i0 + r + 1, neg_infinity<acc_t>());
+            acc_t* pairs = row + i0 + r + 1;  // locals: the closure's fields could alias the stores
+            const int64_t count = n - i0 - r - 1;
+            const acc_t scale = neg_t;
+            for (int64_t j = 0; j < count; ++j) pairs[j] *= scale;
+            const acc_t top = lane_max(pairs, count);
+            row_max[r] = top;
+            // a row without pairs, or whose pairs are all -inf, stays -inf (exp gives 0)
+            if (top != neg_infinity<acc_t>()) {
+              for (int64_t j = 0; j < count; ++j) pairs[j] -= top;
+            }
+          }
+        });
+        logits.narrow(0, 0, rows).narrow(1, i0 + 1, n - i0 - 1).exp_();
+        acc_t* lse = row_lse.data_ptr<acc_t>() + i0;
+        run_widest([&]() PNN_INLINE_LAMBDA {
+          for (int64_t r = 0; r < rows; ++r) {
+            const acc_t sum = lane_sum(l + r * stride + i0 + r + 1, n - i0 - r - 1);
+            lse[r] = row_max[r] == neg_infinity<acc_t>() ? row_max[r] : row_max[r] + std::log(sum);
+          }
+        });
       };
       for (int64_t task = begin; task < end; ++task) {
         block_lse(task);
