@@ -254,6 +254,9 @@ at::Tensor class_centroids_bwd_cpu(const at::Tensor& grad_neutral, const at::Ten
               scan.members(kNegative, threshold_key, cutoff_ptr[b], groups[1]);
             }
           }
+          // the first group's rows get `first`, the second's `second` (sign times a [d] gradient)
+          const acc_t *first, *second;
+          acc_t first_sign;
           if (plan.by_difference) {
             // groups: the labeled candidates, then the smaller class
             const acc_t* larger = grad_ptr[plan.larger] + b * d;
@@ -262,13 +265,15 @@ at::Tensor class_centroids_bwd_cpu(const at::Tensor& grad_neutral, const at::Ten
               column[i] += larger[i];
               delta[i] = smaller[i] - larger[i];
             }
-            for (const int64_t j : groups[0]) add_row(slots + j * d, larger, d, acc_t(-1));
-            for (const int64_t j : groups[1]) add_row(slots + j * d, delta.data(), d, acc_t(1));
+            first = larger, first_sign = acc_t(-1), second = delta.data();
           } else {
             // groups: the neutral class, then the negative class
-            for (const int64_t j : groups[0]) add_row(slots + j * d, grad_ptr[kNeutral] + b * d, d, acc_t(1));
-            for (const int64_t j : groups[1]) add_row(slots + j * d, grad_ptr[kNegative] + b * d, d, acc_t(1));
+            first = grad_ptr[kNeutral] + b * d, first_sign = acc_t(1), second = grad_ptr[kNegative] + b * d;
           }
+          run_widest([&]() PNN_INLINE_LAMBDA {  // element-wise adds in a fixed order: the same bits
+            for (const int64_t j : groups[0]) add_row(slots + j * d, first, d, first_sign);
+            for (const int64_t j : groups[1]) add_row(slots + j * d, second, d, acc_t(1));
+          });
         }
       });
       return;
