@@ -130,7 +130,10 @@ class_centroids_fwd_cpu(const at::Tensor& user_emb, const at::Tensor& item_table
         } else {
           for (const RowClass cls : {kNeutral, kNegative}) {
             scan.members(cls, threshold_key, cutoff_out[b], members);
-            for (const int64_t j : members) add_row(sums.data() + cls * d, row.embedding(j), d, acc_t(1));
+            acc_t* sum = sums.data() + cls * d;
+            run_widest([&]() PNN_INLINE_LAMBDA {
+              for (const int64_t j : members) add_row(sum, row.embedding(j), d, acc_t(1));
+            });
             saved.add_group(members);
           }
         }

@@ -202,6 +202,14 @@ class RowScan {
   // The labeled candidates j (not in U_b) of the loaded row, for a shared list only.
   const std::vector<int64_t>& labeled() const { return labeled_; }
 
+  // classify_key(key, j, ...) == (negative ? kNegative : kNeutral) without its branches, for
+  // members(): `any` is whether the bottom k is non-empty (cutoff >= 0), `last` the cutoff.
+  static inline __attribute__((always_inline)) bool is_member(key_t key, int32_t j, key_t threshold_key,
+                                                             int32_t last, bool negative, bool any) {
+    const bool bottom = any & ((key < threshold_key) | ((key == threshold_key) & (j <= last)));
+    return (key != key_t(kExcludedKey)) & (bottom == negative);
+  }
+
   // The candidates j of class `cls` (kNeutral or kNegative) of the loaded row given its bottom-k
   // state, in increasing j, into `out`: classify_key(keys[j], j, ...) == cls.  A class is a small
   // share of the row, so membership is first a byte per candidate, in one loop of integer
@@ -210,8 +218,7 @@ class RowScan {
   void members(RowClass cls, key_t threshold_key, int64_t cutoff, std::vector<int64_t>& out) {
     const int64_t count = static_cast<int64_t>(keys_.size());
     const int64_t padded = (count + 7) / 8 * 8;
-    // classify_key's test without its branches; an empty bottom k (cutoff < 0) has no member
-    const bool negative = cls == kNegative, any = cutoff >= 0;
+    const bool negative = cls == kNegative, any = cutoff >= 0;  // an empty bottom k has no member
     const key_t* keys = keys_.data();
     // 32-bit positions (C < 2^31, see prepare_row_inputs) keep the lanes as wide as float keys
     const int32_t last = static_cast<int32_t>(std::min<int64_t>(cutoff, count));
@@ -233,10 +240,7 @@ class RowScan {
       const key_t bound = threshold_key;
       const int32_t n = static_cast<int32_t>(count), through = last;
       const bool want_bottom = negative, nonempty = any;
-      for (int32_t j = 0; j < n; ++j) {
-        const bool bottom = nonempty & ((in[j] < bound) | ((in[j] == bound) & (j <= through)));
-        out[j] = (in[j] != key_t(kExcludedKey)) & (bottom == want_bottom);
-      }
+      for (int32_t j = 0; j < n; ++j) out[j] = is_member(in[j], j, bound, through, want_bottom, nonempty);
     });
     static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "byte b of the word is flags[base + b]");
     out.resize(count);
@@ -277,9 +281,8 @@ class RowScan {
       n += low_count + __builtin_popcount(member >> 8);
     }
     for (int64_t j = begin; j < count; ++j) {
-      const bool bottom = any & ((keys[j] < threshold_key) | ((keys[j] == threshold_key) & (j <= last)));
       out[n] = j;
-      n += (keys[j] != uint32_t(kExcludedKey)) & (bottom == negative);
+      n += is_member(keys[j], static_cast<int32_t>(j), threshold_key, last, negative, any);
     }
     return n;
   }
