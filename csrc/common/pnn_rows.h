@@ -189,11 +189,25 @@ PNN_HD inline int64_t rank_of_uniform(float u, int64_t free) {
   return rank < free - 1 ? rank : free - 1;
 }
 
+// Floyd's record of the positions taken so far, by a scan of those written: O(size) a lookup
+// and no memory (the CUDA kernel's choice; the CPU keeps a bitmap, see history_sample_cpu.cpp).
+struct ScannedPositions {
+  PNN_HD bool contains(int64_t t, const int64_t* taken, int64_t count) const {
+    for (int64_t m = 0; m < count; ++m) {
+      if (taken[m] == t) return true;
+    }
+    return false;
+  }
+  PNN_HD void add(int64_t) {}
+};
+
 // Floyd's algorithm: `size` distinct positions of [0, n), every such subset equally likely, from
 // `size` uniform draws u[i] in [0, 1) (all of [0, n) in order when n <= size).  Step i considers
 // j = n - size + i and takes t = rank_of_uniform(u[i], j + 1), or j itself when t was taken at an
-// earlier step.  Writes min(n, size) positions to out[0..) and returns that count.
-PNN_HD inline int64_t floyd_positions(int64_t n, int64_t size, const float* u, int64_t* out) {
+// earlier step (`seen`: contains(t, out, i) and add(t), any record of the taken positions).
+// Writes min(n, size) positions to out[0..) and returns that count.
+template <typename Seen>
+PNN_HD inline int64_t floyd_positions(int64_t n, int64_t size, const float* u, int64_t* out, Seen& seen) {
   if (n <= size) {
     for (int64_t i = 0; i < n; ++i) out[i] = i;
     return n;
@@ -201,12 +215,8 @@ PNN_HD inline int64_t floyd_positions(int64_t n, int64_t size, const float* u, i
   for (int64_t i = 0; i < size; ++i) {
     const int64_t j = n - size + i;
     int64_t t = rank_of_uniform(u[i], j + 1);
-    for (int64_t m = 0; m < i; ++m) {
-      if (out[m] == t) {
-        t = j;
-        break;
-      }
-    }
+    if (seen.contains(t, out, i)) t = j;  // j itself is new: every earlier step took below j
+    seen.add(t);
     out[i] = t;
   }
   return size;

@@ -17,7 +17,8 @@ __global__ void history_sample_kernel(const int64_t* indptr, const int64_t* know
   if (b >= rows) return;
   int64_t* row = out + b * size;
   const int64_t first = indptr[users[b]];
-  const int64_t taken = floyd_positions(indptr[users[b] + 1] - first, size, uniform + b * size, row);
+  ScannedPositions seen;
+  const int64_t taken = floyd_positions(indptr[users[b] + 1] - first, size, uniform + b * size, row, seen);
   for (int64_t i = 0; i < taken; ++i) row[i] = known[first + row[i]];
   for (int64_t i = taken; i < size; ++i) row[i] = -1;
 }

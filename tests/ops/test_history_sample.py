@@ -42,6 +42,19 @@ def test_history_sample_is_a_subset_of_min_n_l_known_items_and_matches_the_refer
     assert torch.equal(ops.history_sample(known, users, ends), reference.history_sample(known, users, ends))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_history_sample_of_long_histories_matches_the_reference(device):
+    """L = 250 of the 300-item user: most steps of Floyd's algorithm meet a position already taken,
+    over several 64-bit words of the CPU's bitmap; rows of that user alternate with others, so a
+    row that starts from positions the previous row left set would differ."""
+    known = history_known().to(device)
+    users = torch.tensor([6, 6, 5, 6, 0, 6, 4, 6], device=device)
+    uniform = torch.rand(users.numel(), 250, generator=torch.Generator().manual_seed(5)).to(device)
+    got = ops.history_sample(known, users, uniform)
+    assert torch.equal(got, reference.history_sample(known, users, uniform))
+    assert (got[0] >= 0).sum() == 250 and got[0].unique().numel() == 250
+
+
 def test_history_sample_draws_every_subset_equally_often():
     """6 items, subsets of 3: each of the 20 subsets about 1/20 of 20000 draws (fixed seed)."""
     known = KnownPositives.from_pairs(torch.zeros(6, dtype=torch.long), torch.arange(6), 1, 6)
