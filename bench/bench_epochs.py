@@ -1,4 +1,4 @@
-"""Issue 4: one training epoch of every objective, MF on ML-1M, side by side in one run.
+"""Issues 4 and 11 (Table 5): one training epoch of every objective, MF, side by side in one run.
 
 The per-epoch seconds of the ML-1M comparison table (docs/results.md): the same trainer,
 data, split and model for every loss, so the column compares the methods' costs and nothing
@@ -6,7 +6,8 @@ else.  What is timed is ``Trainer.train_epoch()``: sampling, forward, backward a
 step of every batch, plus the objective's per-epoch work (SRNS's candidate scoring, SimpleX's
 history pooling).  Evaluation is not included.
 
-Setup: ``../shared/data/ml-1m`` (``PNN_FAST_DATA`` moves it) with RecBole's per-user random
+Setup: ``../shared/data/ml-1m`` (``PNN_FAST_DATA`` moves the folder, ``BENCH_DATASET`` picks
+another dataset in it: ``ml-1m-full`` and ``gowalla`` are the paper's) with RecBole's per-user random
 8:1:1 split (``split="rs"``, seed 2020), MF with d = 64, batch 2048, Adam lr 1e-3, L2 1e-4 and
 every objective's default arguments; the PNN variant of the table is added as ``pnn-sampled8``.
 Before timing, one warm-up epoch must give a finite mean loss.
@@ -14,8 +15,8 @@ Before timing, one warm-up epoch must give a finite mean loss.
     python -m pytest bench/bench_epochs.py -p no:cacheprovider --benchmark-json /tmp/bench_epochs.json
 
 ``BENCH_THREADS`` (default 1), ``BENCH_ROUNDS`` (default 3), ``BENCH_LOSSES`` (a comma list,
-default all) and ``BENCH_DEVICE`` (default cpu; cuda times the epochs on the GPU, synchronised
-before the clock stops) are the knobs.
+default all), ``BENCH_DATASET`` (default ml-1m) and ``BENCH_DEVICE`` (default cpu; cuda times the
+epochs on the GPU, synchronised before the clock stops) are the knobs.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ from pnn_fast.objectives import OBJECTIVES
 from pnn_fast.train import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data")) / "ml-1m"
+DATASET = os.environ.get("BENCH_DATASET", "ml-1m")
+DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data")) / DATASET
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 DEVICE = os.environ.get("BENCH_DEVICE", "cpu")
@@ -55,7 +57,7 @@ _threads = threads_fixture(THREADS)
 @pytest.fixture(scope="module")
 def data():
     if not (DATA / "train.txt").exists():
-        pytest.skip(f"no ML-1M at {DATA} (set PNN_FAST_DATA)")
+        pytest.skip(f"no {DATASET} at {DATA} (set PNN_FAST_DATA)")
     return load_dataset(DATA, split="rs", seed=2020)
 
 
@@ -66,7 +68,7 @@ def test_epoch(benchmark, data, tmp_path, name):
     loss, loss_args = CASES[name]
     trainer = Trainer(data, TrainConfig(model="mf", loss=loss, loss_args=loss_args, seed=2020, device=DEVICE), tmp_path)
     assert math.isfinite(trainer.train_epoch(progress=False))  # warm-up, and the check before timing
-    benchmark.group = "ml-1m mf epoch"
+    benchmark.group = f"{DATASET} mf epoch"
     benchmark.extra_info.update(threads=THREADS, loss=loss, loss_args=trainer.objective.args,
                                 load_before=os.getloadavg()[0])
     result = benchmark.pedantic(lambda: trainer.train_epoch(progress=False), rounds=ROUNDS, iterations=1)

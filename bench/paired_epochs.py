@@ -1,13 +1,14 @@
-"""Two objectives' ML-1M epochs alternated in one process: the ratio of their costs on a machine
-whose speed drifts.
+"""Two objectives' epochs (ML-1M unless ``BENCH_DATASET`` names another) alternated in one
+process: the ratio of their costs on a machine whose speed drifts.
 
 bench_epochs.py times every round of one objective before the next objective starts, so a change
 in the machine's speed between them (other jobs, memory bandwidth taken by a neighbour) enters the
 ratio. Here epoch i of A runs right before epoch i of B, each pair gives one ratio of process CPU
 times (threads fixed at 1, so CPU time is the epoch's own work), and the median of the pairs is
 reported beside the medians of each. Same setup as bench_epochs.py: ``../shared/data/ml-1m``
-(``PNN_FAST_DATA`` moves it), RecBole's per-user random 8:1:1 split (seed 2020), MF with d = 64,
-batch 2048, Adam lr 1e-3, L2 1e-4; one warm-up epoch each, which must give a finite loss.
+(``PNN_FAST_DATA`` and ``BENCH_DATASET`` as there), RecBole's per-user random 8:1:1 split (seed
+2020), MF with d = 64, batch 2048, Adam lr 1e-3, L2 1e-4; one warm-up epoch each, which must give a
+finite loss.
 
     python bench/paired_epochs.py dns pnn-dns-anchored --rounds 5
 
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_epochs import CASES, DATA
+from bench_epochs import CASES, DATA, DATASET
 
 from pnn_fast.data import load_dataset
 from pnn_fast.train import TrainConfig, Trainer
@@ -41,7 +42,7 @@ def main(argv=None) -> None:
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if not (DATA / "train.txt").exists():
-        parser.error(f"no ML-1M at {DATA} (set PNN_FAST_DATA)")
+        parser.error(f"no {DATASET} at {DATA} (set PNN_FAST_DATA)")
     torch.set_num_threads(1)
     data = load_dataset(DATA, split="rs", seed=2020)
     trainers = {}
