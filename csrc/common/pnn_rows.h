@@ -121,8 +121,9 @@ PNN_HD inline acc_t sequential_sum(const scalar_t* a, const scalar_t* b, int64_t
 
 // <a, b> with 8 interleaved partial sums combined by a fixed tree: the same result on every
 // run and thread count, but not a single chain, so it is not bit-identical to sequential_sum's
-// DotTerm chain; for the lookup ops, whose scores decide no ties or classes.  Independent chains let the CPU overlap
-// the additions (and vectorise them) instead of waiting out one add latency per element.
+// DotTerm chain; for the lookup ops, whose scores decide no ties or classes.  Independent chains
+// let the CPU overlap the additions (and vectorise them) instead of waiting out one add latency
+// per element.
 template <typename acc_t, typename scalar_t>
 PNN_HD inline acc_t dot_wide(const scalar_t* a, const scalar_t* b, int64_t d) {
   constexpr int kLanes = 8;
