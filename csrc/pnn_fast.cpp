@@ -113,4 +113,9 @@ TORCH_LIBRARY(pnn_fast, m) {
   // bool [B, K]: whether columns[b, k] is among the indices of row rows[b] of a CSR (indptr, indices),
   // each row sorted ascending (the evaluator's relevance of the ranked items)
   m.def("rows_contain(Tensor indptr, Tensor indices, Tensor rows, Tensor columns) -> Tensor");
+
+  // bool [B, K]: whether scores[b, j] is among the k[b] lowest of its row (0 <= k[b] <= K), in
+  // torch.sort's order with equal scores by ascending column: a stable argsort's first k[b] (SL's
+  // split of its sampled negatives into PNN's classes)
+  m.def("lowest_k_mask(Tensor scores, Tensor k) -> Tensor");
 }

@@ -178,6 +178,28 @@ inline RowsContainInputs prepare_rows_contain(const char* op, const at::Tensor& 
   return in;
 }
 
+// Contiguous, checked inputs of lowest_k_mask: floating-point scores [B, K] (K < 2^31, the
+// selection's columns are int32) and int64 k [B] within [0, K].  Synchronises on CUDA (the range of k).
+struct LowestKInputs {
+  at::Tensor scores, k;
+};
+
+inline LowestKInputs prepare_lowest_k_mask(const char* op, const at::Tensor& scores, const at::Tensor& k) {
+  TORCH_CHECK(scores.dim() == 2 && at::isFloatingType(scores.scalar_type()), op,
+              ": scores must be a floating-point [B, K] tensor, got ", scores.scalar_type(), " ", scores.sizes());
+  check_tensor(op, scores, k, "k", at::kLong, {scores.size(0)}, "scores");
+  const int64_t count = scores.size(1);
+  TORCH_CHECK(count < (int64_t{1} << 31), op, ": a row must have fewer than 2^31 scores, got ", count);
+  LowestKInputs in{scores.contiguous(), k.contiguous()};
+  if (in.k.numel() != 0 && host_read_back_allowed(in.k)) {
+    const auto [low, high] = at::aminmax(in.k);
+    const int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi <= count, op, ": k must lie in [0, K] = [0, ", count, "], got values in [", lo,
+                ", ", hi, "]");
+  }
+  return in;
+}
+
 inline void check_id_ranges(const char* op, const RowInputs& in) {
   check_ids_below(op, in.users, in.known_indptr.numel() - 1, "users");
   check_ids_below(op, in.pos_items, in.item_table.size(0), "pos_items");

@@ -231,6 +231,21 @@ def gathered_dots(rows: torch.Tensor, table: torch.Tensor, ids: torch.Tensor) ->
     return (gather_rows(table, ids) * rows[:, None, :]).sum(dim=-1)
 
 
+def lowest_k_mask(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Whether ``scores[b, j]`` is among the ``k[b]`` lowest of its row (as :func:`pnn_fast.ops.lowest_k_mask`):
+    the rank of a stable ascending argsort below ``k[b]``.
+
+    scores: float [B, K]; k: int [B] within [0, K].  Returns bool [B, K].
+    """
+    if k.numel() and not bool(((k >= 0) & (k <= scores.shape[1])).all()):
+        raise ValueError(f"k must lie in [0, K] = [0, {scores.shape[1]}], got values in "
+                         f"[{int(k.min())}, {int(k.max())}]")
+    order = torch.argsort(scores, dim=1, stable=True)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(scores.shape[1], device=scores.device)
+                                            .expand_as(order).contiguous())
+    return rank < k[:, None]
+
+
 def gathered_norm(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """||table[ids]||_F, the Frobenius norm of the gathered rows: a 0-dim tensor."""
     return table[ids.reshape(-1)].norm()

@@ -66,11 +66,8 @@ def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_
     pos_logit = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1) / temperature  # [B]
     neg_logits = impl.gathered_dots(user_unit, item_unit, neg_items) / temperature  # [B, K]
     if neutral_weight != 1.0:
-        # rank of each negative by score, lowest first (ties: by position); rank < k is the negative class
-        order = torch.argsort(neg_logits.detach(), dim=1, stable=True)
-        rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device)
-                                                 .expand_as(order).contiguous())
-        neutral = rank >= num_negative[:, None]
+        # the num_negative lowest of a row (equal scores: the first by position) are the negative class
+        neutral = ~impl.lowest_k_mask(neg_logits.detach(), num_negative)
         neg_logits = neg_logits + neutral.to(neg_logits.dtype) * math.log(neutral_weight)
     # log of the denominator without forming [B, K + 1]: the positive joins the negatives' logsumexp
     log_denominator = torch.logaddexp(pos_logit, torch.logsumexp(neg_logits, dim=1))

@@ -24,11 +24,12 @@ from .gathered_dots import gathered_dots
 from .gathered_norm import gathered_norm
 from .hard_negative_argmax import hard_negative_argmax
 from .history_sample import history_sample
+from .lowest_k_mask import lowest_k_mask
 from .masked_topk import masked_topk
 from .pairwise_uniformity import pairwise_uniformity
 from .rows_contain import rows_contain
 from .unknown_items import unknown_items
 
 __all__ = ["class_centroids", "class_terms", "count_unlabeled", "embedding_bpr", "gathered_dots", "gathered_norm",
-           "hard_negative_argmax", "history_sample", "masked_topk", "pairwise_uniformity", "rows_contain",
-           "unknown_items"]
+           "hard_negative_argmax", "history_sample", "lowest_k_mask", "masked_topk", "pairwise_uniformity",
+           "rows_contain", "unknown_items"]
