@@ -169,7 +169,8 @@ def compiled_loss(device: str) -> None:
 def ranking_ops(device: str) -> None:
     """masked_topk against the reference: continuous scores with copied (tied) columns, two
     exclusion sets, k from 1 to past the shared-memory buffers (the global-scratch path on CUDA);
-    rows_contain of its ranked columns in an exclusion set against the reference's."""
+    rows_contain of its ranked columns in an exclusion set against the reference's; lowest_k_mask of
+    the same rows' first 800 columns against the reference's stable argsort."""
     gen = torch.Generator().manual_seed(4)
     rows, cols = 300, 5000
     scores = torch.randn(rows, cols, generator=gen)
@@ -186,6 +187,11 @@ def ranking_ops(device: str) -> None:
         close(f"masked_topk (k {k}, values)", got[0].cpu(), want[0], rtol=0, atol=0)
         found = ops.rows_contain(exclude[0].to(device), users.to(device), got[1])
         close(f"rows_contain (k {k})", found.cpu(), reference.rows_contain(exclude[0], users, got[1].cpu()), rtol=0, atol=0)
+    # lowest_k_mask on rows of those tied scores (SL's rows are a few hundred long), every k from 0 to K
+    rows_of_k = scores[:, :800].contiguous()
+    k = torch.randint(0, 801, (rows,), generator=gen)
+    close("lowest_k_mask", ops.lowest_k_mask(rows_of_k.to(device), k.to(device)).cpu(),
+          reference.lowest_k_mask(rows_of_k, k), rtol=0, atol=0)
 
 
 def main() -> None:
@@ -195,7 +201,7 @@ def main() -> None:
     args = parser.parse_args()
     called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "class_terms", "embedding_bpr",
               "gathered_dots", "gathered_norm", "pairwise_uniformity", "unknown_items", "history_sample", "masked_topk",
-              "rows_contain"}
+              "rows_contain", "lowest_k_mask"}
     missing = registered_ops(args.device) - called
     if missing:
         raise SystemExit(f"gpu_smoke: registered ops not exercised here: {sorted(missing)}; add them")
@@ -205,7 +211,7 @@ def main() -> None:
     table_ops(args.device)
     print(f"gpu_smoke: table ops ok on {args.device}", flush=True)
     ranking_ops(args.device)
-    print(f"gpu_smoke: masked_topk and rows_contain ok on {args.device}", flush=True)
+    print(f"gpu_smoke: masked_topk, rows_contain and lowest_k_mask ok on {args.device}", flush=True)
     if args.compile:
         compiled_loss(args.device)
         print(f"gpu_smoke: torch.compile(PNNLoss) matches eager on {args.device}", flush=True)
