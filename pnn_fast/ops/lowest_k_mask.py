@@ -13,8 +13,9 @@ def lowest_k_mask(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Whether ``scores[b, j]`` is among the ``k[b]`` lowest scores of row ``b``.
 
     The order is torch.sort's (-0.0 equals +0.0, NaN above +inf) with equal scores by ascending
-    column, so the mask is ``rank < k[b]`` for the ranks of a stable ascending argsort; a quickselect
-    per row finds it in O(K) instead of a sort's O(K log K).
+    column, so the mask is ``rank < k[b]`` for the ranks of a stable ascending argsort; a selection
+    per row (a quickselect on the CPU, a block's radix select on CUDA) finds it in O(K) instead of a
+    sort's O(K log K).
 
     Args:
         scores: float16, bfloat16, float32 or float64 [B, K], K < 2^31.
