@@ -2,7 +2,8 @@
 classes): reference against fused.
 
 reference: ``reference.lowest_k_mask``, a stable argsort of each row and a scatter of the ranks;
-fused: ``ops.lowest_k_mask``, a quickselect per row. Inputs: float32 [2048, 800], the rows' cosines
+fused: ``ops.lowest_k_mask``, a selection per row (a quickselect on the CPU, a block's radix select
+on CUDA). Inputs: float32 [2048, 800], the rows' cosines
 to their SL negatives (the batch's users and 800 sampled unknown items, both tables L2-normalised),
 and k [2048], each row's negative class size by PNN's proportional rule (the users' known items
 over the unknown ones, times 800). Result: the bool [2048, 800], exactly.
