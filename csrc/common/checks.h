@@ -108,10 +108,12 @@ inline void check_ids_below(const char* op, const at::Tensor& ids, int64_t bound
 inline void check_partition(const char* op, const at::Tensor& indptr, const at::Tensor& indices,
                             const std::string& indptr_name, const std::string& indices_name) {
   TORCH_CHECK_VALUE(indptr.numel() >= 1, op, ": ", indptr_name, " is empty (it needs num_rows + 1 entries)");
-  const bool partition = indptr.numel() == 1 ? indptr.item<int64_t>() == 0
-      : (indptr[0].item<int64_t>() == 0 && (indptr.slice(0, 1) >= indptr.slice(0, 0, -1)).all().item<bool>());
-  TORCH_CHECK_VALUE(partition && indptr[-1].item<int64_t>() == indices.numel(), op, ": ", indptr_name,
-                    " must rise from 0 to the length of ", indices_name, " (", indices.numel(), ")");
+  // the three conditions folded on the device into one flag: one read-back, not three
+  const at::Tensor partition = indptr[0].eq(0)
+                                   .logical_and_(indptr[-1].eq(indices.numel()))
+                                   .logical_and_((indptr.slice(0, 1) >= indptr.slice(0, 0, -1)).all());
+  TORCH_CHECK_VALUE(partition.item<bool>(), op, ": ", indptr_name, " must rise from 0 to the length of ",
+                    indices_name, " (", indices.numel(), ")");
 }
 
 // Contiguous, checked inputs of masked_topk (the tensors keep the raw pointers of `sets` alive).
@@ -179,7 +181,7 @@ inline RowsContainInputs prepare_rows_contain(const char* op, const at::Tensor& 
 }
 
 // Contiguous, checked inputs of lowest_k_mask: floating-point scores [B, K] (K < 2^31, the
-// selection's columns are int32) and int64 k [B] within [0, K].  Synchronises on CUDA (the range of k).
+// selection's columns are int32) and int64 k [B] within [0, K].  Synchronises once on CUDA (the range of k).
 struct LowestKInputs {
   at::Tensor scores, k;
 };
@@ -193,7 +195,8 @@ inline LowestKInputs prepare_lowest_k_mask(const char* op, const at::Tensor& sco
   LowestKInputs in{scores.contiguous(), k.contiguous()};
   if (in.k.numel() != 0 && host_read_back_allowed(in.k)) {
     const auto [low, high] = at::aminmax(in.k);
-    const int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
+    const at::Tensor range = at::stack({low, high}).cpu();  // one read-back for both ends
+    const int64_t lo = range[0].item<int64_t>(), hi = range[1].item<int64_t>();
     TORCH_CHECK(lo >= 0 && hi <= count, op, ": k must lie in [0, K] = [0, ", count, "], got values in [", lo,
                 ", ", hi, "]");
   }

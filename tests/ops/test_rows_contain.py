@@ -83,9 +83,12 @@ def test_bad_input_is_a_clear_error():
         ops.rows_contain(csr, rows[:1], columns)
     with pytest.raises(RuntimeError, match=r"pnn_fast::rows_contain: rows has ids outside \[0, 4\)$"):
         ops.rows_contain(csr, torch.tensor([0, 4]), columns)
-    broken = CSR(torch.tensor([0, 3, 2]), torch.tensor([1, 2]), 2, 6)
-    with pytest.raises(ValueError, match=r"indptr must rise from 0 to the length of indices \(2\)"):
-        ops.rows_contain(broken, torch.tensor([0, 1]), columns)
+    # each way an indptr can fail to partition its indices: a first entry other than 0, a last
+    # entry other than their length, a fall
+    for indptr in ([1, 2, 2], [0, 1, 1], [0, 3, 2]):
+        broken = CSR(torch.tensor(indptr), torch.tensor([1, 2]), 2, 6)
+        with pytest.raises(ValueError, match=r"indptr must rise from 0 to the length of indices \(2\)"):
+            ops.rows_contain(broken, torch.tensor([0, 1]), columns)
     with pytest.raises(ValueError, match="rows is on meta but columns is on cpu"):
         ops.rows_contain(csr, rows.to("meta"), columns)
 
