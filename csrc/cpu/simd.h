@@ -197,11 +197,11 @@ int64_t tile_chains_rows_dispatch(const acc_t* const* a, int64_t rows, const acc
   return r;
 }
 
-// Runs body(), compiled for AVX2 on CPUs that have it and for the build's baseline (SSE2 on x86-64)
-// elsewhere: body must be a lambda marked PNN_INLINE_LAMBDA, so that it is inlined into each caller and
-// its loops vectorise with that caller's instruction set.  Only for loops whose results do not depend on
-// the vector width: element-wise multiplies and adds in a fixed order (no FMA: AVX2 alone, not "fma",
-// and -ffp-contract=off), so both variants give the same bits.
+// Runs body(), compiled for AVX-512 or AVX2 on CPUs that have them (simd_level()) and for the build's
+// baseline (SSE2 on x86-64) elsewhere: body must be a lambda marked PNN_INLINE_LAMBDA, so that it is
+// inlined into each caller and its loops vectorise with that caller's instruction set.  Only for loops
+// whose results do not depend on the vector width: element-wise multiplies and adds in a fixed order
+// (-ffp-contract=off: no FMA even where AVX-512 has it), so every variant gives the same bits.
 #ifdef PNN_SIMD_VECTORS
 #define PNN_INLINE_LAMBDA __attribute__((always_inline))
 #else
@@ -213,12 +213,18 @@ template <typename Body>
 __attribute__((target("avx2"))) void run_avx2(const Body& body) {
   body();
 }
+
+template <typename Body>
+__attribute__((target("avx512f"))) void run_avx512(const Body& body) {
+  body();
+}
 #endif
 
 template <typename Body>
 void run_widest(const Body& body) {
 #ifdef PNN_SIMD_AVX2_DISPATCH
-  if (simd_level() >= kSimdAvx2) return run_avx2(body);
+  if (simd_level() == kSimdAvx512) return run_avx512(body);
+  if (simd_level() == kSimdAvx2) return run_avx2(body);
 #endif
   body();
 }
