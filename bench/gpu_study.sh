@@ -9,15 +9,17 @@
 #   # after an earlier device session, its tar, so that its cells resume:
 #   cp <files_at>/gpu-table2-ml1m-full.tar bench/.data/
 # The device call (carry ["bench/.data"]):
-#   bash bench/gpu_study.sh studies/gpu-table2-ml1m-full.toml '*/pnn/*' 300
+#   JOBS=4 bash bench/gpu_study.sh studies/gpu-table2-ml1m-full.toml '*/pnn/*' 300
 # Back here:
 #   tar -xf <files_at>/gpu-table2-ml1m-full.tar -C studies   # results.json and summaries are committed,
 #   cp <files_at>/gpu-table2-ml1m-full.tar bench/.data/       # checkpoints are not (git ignores them)
 #
 # Arguments: the plan, an --only pattern (dataset/model/config/seedN) and the seconds to train
-# (default 300); the running cell is stopped at the deadline with SIGINT, losing at most its epoch
-# in progress. STUDY_FOLDER overrides the study's folder (default studies/<the plan's study.name>),
-# RESUME_TAR the earlier session's tar (default bench/.data/<study.name>.tar).
+# (default 300); the running cells are stopped at the deadline with SIGINT, each losing at most its
+# epoch in progress. JOBS (default 1) trains that many cells at once, each in its own process on
+# the one GPU: an MF cell leaves most of an H100 idle, and a device session has minutes, not hours.
+# STUDY_FOLDER overrides the study's folder (default studies/<the plan's study.name>), RESUME_TAR
+# the earlier session's tar (default bench/.data/<study.name>.tar).
 set -uo pipefail
 
 if (( $# < 2 || $# > 3 )); then
@@ -29,6 +31,11 @@ PATTERN=$2
 SECONDS_TO_TRAIN=${3:-300}
 if ! [[ "$SECONDS_TO_TRAIN" =~ ^[1-9][0-9]*$ ]]; then
   echo "gpu_study.sh: SECONDS must be a positive integer, got '$SECONDS_TO_TRAIN'" >&2
+  exit 2
+fi
+JOBS=${JOBS:-1}
+if ! [[ "$JOBS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_study.sh: JOBS must be a positive integer, got '$JOBS'" >&2
   exit 2
 fi
 
@@ -60,7 +67,7 @@ fi
 # its own process group, so that the deadline stops the study's worker process too
 # (appending, so that the deadline's line below is not overwritten by the study's own writes)
 : > "$OUT/study.log"
-setsid "$PYTHON" -m pnn_fast study "$PLAN" --out "$FOLDER" --only "$PATTERN" --jobs 1 --no-progress \
+setsid "$PYTHON" -m pnn_fast study "$PLAN" --out "$FOLDER" --only "$PATTERN" --jobs "$JOBS" --no-progress \
   >> "$OUT/study.log" 2>&1 &
 STUDY=$!
 DEADLINE=$(( $(date +%s) + SECONDS_TO_TRAIN ))

@@ -57,23 +57,25 @@ def test_gpu_check_rejects_an_unknown_argument(tmp_path):
 
 
 def test_gpu_study_stops_at_its_deadline_and_its_tar_resumes(tmp_path):
-    """bench/gpu_study.sh on the CPU (the plan's device): a study far longer than its deadline is
-    stopped with its cell's checkpoint in the tar, and a second call given that tar resumes the cell
-    after the epoch the first one reached."""
+    """bench/gpu_study.sh on the CPU (the plan's device): a study far longer than its deadline, two
+    cells trained at once (JOBS=2), is stopped with both cells' checkpoints in the tar, and a second
+    call given that tar resumes a cell after the epoch the first one reached."""
     plan = tmp_path / "long.toml"  # 100,000 epochs: an idle machine trains about 40 a second
-    plan.write_text('[study]\nname = "long"\nseeds = [1]\nbaselines = []\nepochs = 100000\npatience = 100000\n'
+    plan.write_text('[study]\nname = "long"\nseeds = [1, 2]\nbaselines = []\nepochs = 100000\npatience = 100000\n'
                     '[[datasets]]\nname = "synthetic"\npath = "synthetic"\n'
                     '[[models]]\nname = "mf"\n[[configs]]\nname = "bpr"\n')
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     first = tmp_path / "first"
     run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), str(plan), "*", "30"], cwd=ROOT,
-                         env={**env, "OUT": str(first), "STUDY_FOLDER": str(tmp_path / "a" / "long")},
+                         env={**env, "OUT": str(first), "STUDY_FOLDER": str(tmp_path / "a" / "long"), "JOBS": "2"},
                          capture_output=True, text=True, timeout=300)
     log = (first / "study.log").read_text()
     assert run.returncode == 0 and "stopping the study at its deadline" in log, run.stderr + log
+    assert "2 to train (2 jobs x" in log, log
     with tarfile.open(first / "long.tar") as packed:
         names = packed.getnames()
-    assert "long/cells/synthetic/mf/bpr/seed1/checkpoint.pt" in names, names
+    for seed in (1, 2):
+        assert f"long/cells/synthetic/mf/bpr/seed{seed}/checkpoint.pt" in names, names
     assert not any(name.endswith("results.json") for name in names)
 
     second = tmp_path / "second"
@@ -93,3 +95,7 @@ def test_gpu_study_rejects_bad_arguments(tmp_path):
         run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), *args], cwd=ROOT,
                              env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=60)
         assert run.returncode == 2 and message in run.stderr, run.stderr
+    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_study.sh"), "studies/example.toml", "*", "10"], cwd=ROOT,
+                         env={**os.environ, "OUT": str(tmp_path), "JOBS": "two"}, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2 and "JOBS must be a positive integer, got 'two'" in run.stderr, run.stderr
