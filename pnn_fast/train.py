@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from ._checks import check_real
 from ._extension import build_info
-from ._version import __version__
+from ._version import __version__, source_revision
 from .data import Dataset
 from .eval import evaluate
 from .csr import CSR
@@ -175,6 +175,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(params, lr=config.lr, fused=fused)
         self.adam = LeanAdamStep(self.optimizer)
         self.history: list[dict] = []
+        self.source = source_revision()  # recorded with each epoch this process trains
         self.best = {"epoch": -1, "score": -math.inf, "state": None}
         self.epoch = 0
 
@@ -335,7 +336,8 @@ class Trainer:
             score = valid.get(cfg.valid_metric, -loss)  # no validation split: lowest training loss
             if (validates or "valid" not in self.held_out) and score > self.best["score"]:
                 self.best = {"epoch": self.epoch, "score": score, "state": self.snapshot()}
-            self.history.append({"epoch": self.epoch, "loss": loss, "train_seconds": seconds, "valid": valid})
+            self.history.append({"epoch": self.epoch, "loss": loss, "train_seconds": seconds, "valid": valid,
+                                 "source": self.source})
             shown = " ".join(f"{k}={v:.4f}" for k, v in valid.items() if k.endswith(f"@{max(cfg.ks)}"))
             log(f"epoch {self.epoch:3d}  loss {loss:.4f}  {seconds:.2f}s  {shown}")
             if writes:
@@ -354,7 +356,10 @@ class Trainer:
         return {
             "config": asdict(self.config), "dataset": self.data.summary(),
             "versions": {"pnn_fast": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
-                         "platform": platform.platform(), "build": build_info()},
+                         "platform": platform.platform(), "build": build_info(),
+                         # every revision that trained an epoch of this run (resumed runs may have several);
+                         # None: not a git checkout, or an epoch from before revisions were recorded
+                         "source": list(dict.fromkeys(h.get("source") for h in self.history))},
             "world_size": self.world_size,
             "epochs": self.history, "best_epoch": self.best["epoch"], "best_valid": self.best["score"],
             "test": test,

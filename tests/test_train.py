@@ -344,3 +344,58 @@ def test_lean_adam_step_equals_optimizer_step(weight_decay):
     for key in s_ref["state"]:
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(s_lean["state"][key][name], s_ref["state"][key][name]), (key, name)
+
+
+def test_each_epoch_records_the_source_revision_that_trained_it(tmp_path):
+    """A study runs for hours while the code under it may change: each epoch carries the revision that
+    trained it, and results.json lists them; a resumed run adds its own after the earlier ones."""
+    from pnn_fast._version import source_revision
+    data = small_data()
+    config = dict(loss="bpr", epochs=3, batch_size=256, dim=8, patience=100)
+    run(data, TrainConfig(**dict(config, epochs=2)), tmp_path, progress=False, log=lambda *_: None)
+    checkpoint = tmp_path / "checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=False)
+    assert [h["source"] for h in state["history"]] == [source_revision()] * 2
+    # as if the first two epochs had been trained by another revision
+    for entry in state["history"]:
+        entry["source"] = "0123456789ab"
+    torch.save(state, checkpoint)
+    results = run(data, TrainConfig(**config), tmp_path, resume=True, progress=False, log=lambda *_: None)
+    assert [h["source"] for h in results["epochs"]] == ["0123456789ab"] * 2 + [source_revision()]
+    assert results["versions"]["source"] == ["0123456789ab", source_revision()]
+
+
+def test_source_revision_is_this_checkouts_commit(tmp_path):
+    """The commit of the checkout the package is imported from (None outside a git checkout), and None
+    for a copy of the package that sits inside some other repository."""
+    import shutil
+    from pathlib import Path
+
+    import pnn_fast
+    from pnn_fast import _version
+
+    root = Path(pnn_fast.__file__).resolve().parent.parent
+
+    def git(*args, cwd=root):
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+
+    top = git("rev-parse", "--show-toplevel")
+    revision = _version.source_revision()
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root:
+        assert revision is None
+    else:
+        head = git("rev-parse", "--short=12", "HEAD").stdout.strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *_version.SOURCE_PATHS).stdout.strip()
+        assert revision == head + ("+dirty" if dirty else "")
+
+    # the package copied two folders below the top of another repository: not that repository's source
+    other = tmp_path / "project"
+    package = other / "venv" / "site" / "pnn_fast"
+    package.mkdir(parents=True)
+    shutil.copy(Path(_version.__file__), package / "_version.py")
+    git("init", "-q", cwd=other)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "other", cwd=other)
+    assert git("rev-parse", "HEAD", cwd=other).returncode == 0  # that repository has a commit to misreport
+    copy = {"__file__": str(package / "_version.py"), "__name__": "pnn_fast_copy"}
+    exec(compile((package / "_version.py").read_text(), str(package / "_version.py"), "exec"), copy)
+    assert copy["source_revision"]() is None
