@@ -79,31 +79,31 @@ def cell_placement(trainer: Trainer, seed: int, batch: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("plans", nargs="+", type=Path, help="study plans (TOML) whose SL cells have finished")
+    parser.add_argument("plan", type=Path, help="a study plan (TOML) whose SL cells have finished")
     parser.add_argument("--configs", required=True, help="comma-separated config names (loss sl)")
     parser.add_argument("--seed", type=int, default=1, help="the cells' seed, also the draws' (default 1)")
     parser.add_argument("--batch", type=int, default=1024, help="users a batch (default 1024)")
+    parser.add_argument("--study-folder", type=Path, help="the study's output (default studies/<its name>)")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args()
     wanted = args.configs.split(",")
+    plan = load_plan(args.plan)
+    folder_of_study = args.study_folder or plan.default_out
     report = []
-    for plan_path in args.plans:
-        plan = load_plan(plan_path)
-        for cell in plan.cells:
-            if cell.config not in wanted or cell.seed != args.seed or cell.train_config.loss != "sl":
-                continue
-            folder = cell.folder(plan.default_out)
-            if not (folder / "results.json").exists() or not (folder / "checkpoint.pt").exists():
-                print(f"{cell.key}: not finished, or its checkpoint is not kept here: skipped")
-                continue
-            state = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=False)
-            with tempfile.TemporaryDirectory() as scratch:
-                trainer = Trainer(cell.dataset.load(), TrainConfig(**dict(state["config"], device="cpu")), scratch)
-                trainer.restore(state["best"]["state"])
-                placement = cell_placement(trainer, args.seed, args.batch)
-            report.append({"plan": str(plan_path), "cell": cell.key, "best_epoch": state["best"]["epoch"],
-                           **placement})
-            print(json.dumps(report[-1]))
+    for cell in plan.cells:
+        if cell.config not in wanted or cell.seed != args.seed or cell.train_config.loss != "sl":
+            continue
+        folder = cell.folder(folder_of_study)
+        if not (folder / "results.json").exists() or not (folder / "checkpoint.pt").exists():
+            print(f"{cell.key}: not finished, or its checkpoint is not kept here: skipped")
+            continue
+        state = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=False)
+        with tempfile.TemporaryDirectory() as scratch:
+            trainer = Trainer(cell.dataset.load(), TrainConfig(**dict(state["config"], device="cpu")), scratch)
+            trainer.restore(state["best"]["state"])
+            placement = cell_placement(trainer, args.seed, args.batch)
+        report.append({"plan": str(args.plan), "cell": cell.key, "best_epoch": state["best"]["epoch"], **placement})
+        print(json.dumps(report[-1]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -11,7 +11,9 @@ import pytest
 from scipy.stats import ttest_rel
 
 from pnn_fast.cli import main
+from pnn_fast.csr import CSR
 from pnn_fast.data import synthetic_dataset
+from pnn_fast.study import load_plan
 from pnn_fast.train import TrainConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,3 +258,36 @@ def test_the_alpha_beta_script_draws_the_grid_and_chooses_on_valid(tmp_path):
     assert "| 1 | " in table and " — |" in table  # the unfinished point is blank
     assert "- dns: valid" in table and "- bpr: valid" in table
 
+
+
+def test_the_sl_classes_script_places_the_draws_of_trained_sl_models(tmp_path):
+    """studies/sl_classes.py on real one-epoch SL runs: the negative class is the lowest-scored draws,
+    so it holds less of the softmax mass than its share of the draws (the highest-scored would hold
+    more), and the false negatives it counts are the valid items among the draws, K |valid| / |unknown|
+    of them a row in expectation."""
+    plan = tmp_path / "sl.toml"
+    plan.write_text(PLAN.split("[[configs]]")[0].replace("seeds = [1, 2, 3]", "seeds = [1]").replace(
+        "epochs = 2", "epochs = 1") + '[[configs]]\nname = "sl"\nloss = "sl"\nloss_args = { num_negatives = 64 }\n'
+        '[[configs]]\nname = "sl-pnn"\nloss = "sl"\nloss_args = { num_negatives = 64, neutral_weight = 0.5 }\n')
+    out = tmp_path / "out"
+    assert study(plan, out) == 0
+    report = tmp_path / "placement.json"
+    done = subprocess.run([sys.executable, str(ROOT / "studies" / "sl_classes.py"), str(plan), "--configs", "sl,sl-pnn",
+                           "--study-folder", str(out), "--out", str(report)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(report.read_text())
+    assert [row["cell"] for row in rows] == ["syn/mf/sl/seed1", "syn/mf/sl-pnn/seed1"]
+    data = load_plan(plan).cells[0].dataset.load()
+    train = CSR.from_pairs(*data.train, data.num_users, data.num_items)
+    valid = CSR.from_pairs(*data.valid, data.num_users, data.num_items)
+    train_counts, valid_counts = train.indptr.diff().double(), valid.indptr.diff().double()
+    has_valid = valid_counts > 0
+    expected = (64 * valid_counts / (data.num_items - train_counts))[has_valid].mean().item()
+    # the count a row is about Poisson, so its mean over the rows is within 4 standard errors
+    tolerance = 4 * (expected / int(has_valid.sum())) ** 0.5
+    for row in rows:
+        assert row["rows"] == int(has_valid.sum())
+        assert abs(row["false_negatives"] - expected) < tolerance, (row["false_negatives"], expected)
+        assert 0 < row["negative_class_softmax_mass"] < row["negative_class_share_of_draws"]
+        assert 0 < row["false_negative_softmax_mass"] < 1
+        assert 0 <= row["negative_class_share_of_false_negatives"] <= 1
