@@ -2,6 +2,7 @@
 and the source revision that runs, which a training run records beside each epoch."""
 from __future__ import annotations
 
+import functools
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,7 @@ __version__ = "0.1.0"
 SOURCE_PATHS = ("pnn_fast", "csrc", "setup.py", "pyproject.toml")
 
 
+@functools.cache  # the code a process runs is the code it imported: one answer per process
 def source_revision() -> str | None:
     """The git commit of the checkout this package is imported from (12 hex digits), with "+dirty"
     when a tracked file under :data:`SOURCE_PATHS` differs from it; None where the package is not the

@@ -259,7 +259,6 @@ def test_the_alpha_beta_script_draws_the_grid_and_chooses_on_valid(tmp_path):
     assert "- dns: valid" in table and "- bpr: valid" in table
 
 
-
 def test_the_sl_classes_script_places_the_draws_of_trained_sl_models(tmp_path):
     """studies/sl_classes.py on real one-epoch SL runs: the negative class is the lowest-scored draws,
     so it holds less of the softmax mass than its share of the draws (the highest-scored would hold

@@ -3,13 +3,17 @@ and the CLI's mapping of its flags."""
 import dataclasses
 import json
 import operator
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import pnn_fast
 from conftest import data_path
+from pnn_fast import _version
 from pnn_fast.cli import _config, build_parser, main
 from pnn_fast.data import load_dataset, synthetic_dataset
 from pnn_fast.eval import evaluate
@@ -349,7 +353,7 @@ def test_lean_adam_step_equals_optimizer_step(weight_decay):
 def test_each_epoch_records_the_source_revision_that_trained_it(tmp_path):
     """A study runs for hours while the code under it may change: each epoch carries the revision that
     trained it, and results.json lists them; a resumed run adds its own after the earlier ones."""
-    from pnn_fast._version import source_revision
+    source_revision = _version.source_revision
     data = small_data()
     config = dict(loss="bpr", epochs=3, batch_size=256, dim=8, patience=100)
     run(data, TrainConfig(**dict(config, epochs=2)), tmp_path, progress=False, log=lambda *_: None)
@@ -368,12 +372,6 @@ def test_each_epoch_records_the_source_revision_that_trained_it(tmp_path):
 def test_source_revision_is_this_checkouts_commit(tmp_path):
     """The commit of the checkout the package is imported from (None outside a git checkout), and None
     for a copy of the package that sits inside some other repository."""
-    import shutil
-    from pathlib import Path
-
-    import pnn_fast
-    from pnn_fast import _version
-
     root = Path(pnn_fast.__file__).resolve().parent.parent
 
     def git(*args, cwd=root):
