@@ -152,12 +152,37 @@ def test_neutral_weight_down_weights_all_but_the_lowest_scored_negatives(backend
     assert float(got.detach()) == pytest.approx(total / USERS.numel(), rel=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_neutral_top_down_weights_the_highest_scored_negatives(backend):
+    """The neutral class as the m highest-scored negatives of each row (where the false negatives
+    are): they weigh w in the denominator, every other negative 1; checked against a loop over rows
+    with sorted scores, through the objective as training calls it."""
+    known, model = tiny()
+    pos = positives(USERS)
+    weight, temperature, top = 0.3, 0.4, 4
+    obj = build_objective("sl", known, model, num_negatives=12, temperature=temperature, neutral_weight=weight,
+                          neutral_top=top, backend=backend)
+    neg = obj.sample_negatives(USERS, torch.Generator().manual_seed(7))
+    U, I = model.user_embedding.weight.detach(), model.item_embedding.weight.detach()
+    total = 0.0
+    for b in range(USERS.numel()):
+        u = int(USERS[b])
+        cos = [float(U[u] @ I[int(j)]) / float(U[u].norm() * I[int(j)].norm()) / temperature for j in neg[b]]
+        highest = sorted(range(len(cos)), key=lambda j: (-cos[j], j))[:top]
+        s_pos = float(U[u] @ I[int(pos[b])]) / float(U[u].norm() * I[int(pos[b])].norm()) / temperature
+        denominator = math.exp(s_pos) + sum(math.exp(c) * (weight if j in highest else 1.0) for j, c in enumerate(cos))
+        total += -math.log(math.exp(s_pos) / denominator)
+    got = obj(model, USERS, pos, torch.Generator().manual_seed(7)).loss
+    assert float(got.detach()) == pytest.approx(total / USERS.numel(), rel=1e-6)
+
+
 # ---- arguments and scoring ------------------------------------------------------------------------
 @pytest.mark.parametrize("name, value", [
     ("temperature", 0.0), ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")),
     ("temperature", "hot"), ("temperature", True),
     ("num_negatives", 0), ("num_negatives", -3), ("num_negatives", 2.5), ("backend", "gpu"),
     ("neutral_weight", 0.0), ("neutral_weight", 1.5),
+    ("neutral_top", -1), ("neutral_top", 800), ("neutral_top", 2.0), ("neutral_top", True),
     # num_negatives is 800: at most 799 of them can be in the negative class
     ("neg_size", 800), ("neg_size", -1), ("neg_size", "all"), ("neg_size", True),
 ])

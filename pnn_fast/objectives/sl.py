@@ -40,12 +40,14 @@ from .base import BatchLoss, Objective, register
 
 def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
                          neg_items: torch.Tensor, temperature: float, backend: str = "auto",
-                         neutral_weight: float = 1.0, num_negative=None) -> torch.Tensor:
+                         neutral_weight: float = 1.0, num_negative=None, neutral_top: int = 0) -> torch.Tensor:
     """The mean SL of the rows against their negatives, from cosine scores.
 
     With ``neutral_weight`` below 1, PNN's classes inside the softmax: each row's ``num_negative``
     lowest-scored negatives (the reliable negatives) keep weight 1 in the denominator, the others
-    (the neutral class) weigh ``neutral_weight``: ``sum_j w_j exp s(u, n_j)``.
+    (the neutral class) weigh ``neutral_weight``: ``sum_j w_j exp s(u, n_j)``.  With ``neutral_top``
+    above 0 the neutral class is instead each row's ``neutral_top`` highest-scored negatives, where
+    the false negatives are (docs/why-pnn.md), and every other negative keeps weight 1.
 
     Args:
         user_rows: float [B, d], the batch's user embeddings (not normalised).
@@ -55,7 +57,7 @@ def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_
         temperature: tau > 0, divides every cosine.
         backend: "auto", "reference", "cpu" or "cuda": whose ``gathered_dots`` scores the negatives.
         neutral_weight: in (0, 1]; num_negative: int64 [B], the negative class sizes (needed when
-            neutral_weight < 1).
+            neutral_weight < 1 and neutral_top is 0); neutral_top: in [0, K), 0 for PNN's classes.
     Returns:
         0-dim tensor of ``user_rows``' dtype, differentiable w.r.t. both embeddings.
     """
@@ -66,8 +68,11 @@ def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_
     pos_logit = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1) / temperature  # [B]
     neg_logits = impl.gathered_dots(user_unit, item_unit, neg_items) / temperature  # [B, K]
     if neutral_weight != 1.0:
-        # the num_negative lowest of a row (equal scores: the first by position) are the negative class
-        neutral = ~impl.lowest_k_mask(neg_logits.detach(), num_negative)
+        if neutral_top:  # the neutral_top highest of a row (equal scores: the first by position)
+            sizes = torch.full((neg_logits.shape[0],), neutral_top, dtype=torch.int64, device=neg_logits.device)
+            neutral = impl.lowest_k_mask(-neg_logits.detach(), sizes)
+        else:  # the num_negative lowest of a row (equal scores: the first by position) are the negative class
+            neutral = ~impl.lowest_k_mask(neg_logits.detach(), num_negative)
         neg_logits = neg_logits + neutral.to(neg_logits.dtype) * math.log(neutral_weight)
     # log of the denominator without forming [B, K + 1]: the positive joins the negatives' logsumexp
     log_denominator = torch.logaddexp(pos_logit, torch.logsumexp(neg_logits, dim=1))
@@ -86,6 +91,7 @@ class SLObjective(Objective):
         "temperature": 0.1,    # temp, wujcan/SSM-TensorFlow conf/SSM.properties
         "neutral_weight": 1.0,  # 1: plain SL; below 1: PNN's neutral class down-weighted (ours, not published)
         "neg_size": "proportional",  # PNN's negative class size rule, when neutral_weight < 1
+        "neutral_top": 0,  # above 0: the neutral class is each row's neutral_top highest draws (ours)
         "backend": "auto",
     }
 
@@ -110,6 +116,10 @@ class SLObjective(Objective):
                 isinstance(neg_size, int) and not isinstance(neg_size, bool) and 0 <= neg_size < negatives):
             raise ValueError(f"sl: neg_size must be 'proportional', 'count' or an int in [0, num_negatives) = "
                              f"[0, {negatives}), got {neg_size!r}")
+        # at least one draw of a row stays outside the neutral class, at full weight
+        top = a["neutral_top"]
+        if not (isinstance(top, int) and not isinstance(top, bool) and 0 <= top < negatives):
+            raise ValueError(f"sl: neutral_top must be an int in [0, num_negatives) = [0, {negatives}), got {top!r}")
 
     def sample_negatives(self, users: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
@@ -120,13 +130,13 @@ class SLObjective(Objective):
         neg_items = self.sample_negatives(users, generator)
         # index_select, not indexing: its backward adds repeated rows in a fixed order (reproducible runs)
         num_negative = None
-        if self.args["neutral_weight"] != 1:  # every sampled item is unlabeled: K of them per row
+        if self.args["neutral_weight"] != 1 and not self.args["neutral_top"]:  # every draw is unlabeled: K a row
             unlabeled = torch.full_like(users, neg_items.shape[1], dtype=torch.int64)
             num_negative = negative_class_size(unlabeled, self.known.count(users), self.known.num_items,
                                                self.args["neg_size"])
         loss = sampled_softmax_loss(user_table.index_select(0, users), item_table, pos_items, neg_items,
                                     float(self.args["temperature"]), self.args["backend"],
-                                    float(self.args["neutral_weight"]), num_negative)
+                                    float(self.args["neutral_weight"]), num_negative, self.args["neutral_top"])
         # L2 over the batch's users and positives only: the official regularisers' share of the K
         # negatives would touch B x K rows per batch (see docs/baselines/sl.md)
         return BatchLoss(loss, users, pos_items)
