@@ -18,7 +18,9 @@ as means over rows:
 * ``negative_class_share_of_false_negatives``: the share of a row's false negatives in its negative
   class, beside ``negative_class_share_of_draws`` (k / K), what a placement blind to them gives;
 * ``negative_class_softmax_mass`` and ``false_negative_softmax_mass``: the shares of the denominator's
-  negative mass, sum_j exp(s_j / tau), held by the negative class and by the false negatives.
+  negative mass, sum_j exp(s_j / tau), held by the negative class and by the false negatives;
+* ``top_share_of_false_negatives`` and ``top_softmax_mass``: the same for each row's ``--top``
+  highest-scored draws (``neutral_top``'s neutral class), beside ``top_share_of_draws`` (top / K).
 
 A neutral weight w scales the neutral class's mass by w. Where the negative class holds almost none of
 the mass, that scales nearly the whole denominator's negative mass, false negatives and true hard
@@ -42,7 +44,7 @@ from pnn_fast.train import Trainer, TrainConfig
 
 
 @torch.no_grad()
-def cell_placement(trainer: Trainer, seed: int, batch: int) -> dict:
+def cell_placement(trainer: Trainer, seed: int, batch: int, top: int) -> dict:
     """The means over valid users of the placement statistics above, for the trainer's restored model."""
     args = trainer.objective.args
     draws, temperature = args["num_negatives"], float(args["temperature"])
@@ -51,8 +53,8 @@ def cell_placement(trainer: Trainer, seed: int, batch: int) -> dict:
     users = torch.nonzero(valid.indptr[1:] > valid.indptr[:-1]).flatten()
     generator = torch.Generator().manual_seed(seed)
     sums = {name: 0.0 for name in ("k", "false_negatives", "negative_class_share_of_draws",
-                                   "negative_class_softmax_mass", "false_negative_softmax_mass")}
-    share_of_false_negatives, rows_with_false_negatives = 0.0, 0
+                                   "negative_class_softmax_mass", "false_negative_softmax_mass", "top_softmax_mass")}
+    share_of_false_negatives, top_share_of_false_negatives, rows_with_false_negatives = 0.0, 0.0, 0
     for start in range(0, users.numel(), batch):
         rows = users[start:start + batch]
         items = sample_unknown(trainer.known, rows, draws, generator, backend="reference")  # [B, K]
@@ -61,19 +63,24 @@ def cell_placement(trainer: Trainer, seed: int, batch: int) -> dict:
         full = torch.full_like(rows, draws)
         k = negative_class_size(full, trainer.known.count(rows), trainer.known.num_items, args["neg_size"])
         negative = reference.lowest_k_mask(logits, k)  # the k lowest of each row
+        highest = reference.lowest_k_mask(-logits, torch.full_like(rows, top))  # the top highest
         mass = torch.softmax(logits, dim=1)  # each draw's share of the row's negative mass
         sums["k"] += k.double().sum().item()
         sums["false_negatives"] += false_negative.double().sum().item()
         sums["negative_class_share_of_draws"] += (k.double() / draws).sum().item()
         sums["negative_class_softmax_mass"] += (mass * negative).sum().item()
         sums["false_negative_softmax_mass"] += (mass * false_negative).sum().item()
+        sums["top_softmax_mass"] += (mass * highest).sum().item()
         counted = false_negative.sum(dim=1)
         has = counted > 0
         share_of_false_negatives += ((false_negative & negative).sum(dim=1)[has] / counted[has]).sum().item()
+        top_share_of_false_negatives += ((false_negative & highest).sum(dim=1)[has] / counted[has]).sum().item()
         rows_with_false_negatives += int(has.sum())
     means = {name: value / users.numel() for name, value in sums.items()}
-    means["negative_class_share_of_false_negatives"] = (share_of_false_negatives / rows_with_false_negatives
-                                                        if rows_with_false_negatives else None)
+    among = rows_with_false_negatives or None  # shares of a row's false negatives: rows that have some
+    means["negative_class_share_of_false_negatives"] = among and share_of_false_negatives / among
+    means["top_share_of_draws"] = top / draws
+    means["top_share_of_false_negatives"] = among and top_share_of_false_negatives / among
     return {"rows": int(users.numel()), "rows_with_false_negatives": rows_with_false_negatives, **means}
 
 
@@ -83,6 +90,7 @@ def main() -> None:
     parser.add_argument("--configs", required=True, help="comma-separated config names (loss sl)")
     parser.add_argument("--seed", type=int, default=1, help="the cells' seed, also the draws' (default 1)")
     parser.add_argument("--batch", type=int, default=1024, help="users a batch (default 1024)")
+    parser.add_argument("--top", type=int, default=8, help="the highest draws a row to place (default 8)")
     parser.add_argument("--study-folder", type=Path, help="the study's output (default studies/<its name>)")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args()
@@ -101,7 +109,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             trainer = Trainer(cell.dataset.load(), TrainConfig(**dict(state["config"], device="cpu")), scratch)
             trainer.restore(state["best"]["state"])
-            placement = cell_placement(trainer, args.seed, args.batch)
+            placement = cell_placement(trainer, args.seed, args.batch, args.top)
         report.append({"plan": str(args.plan), "cell": cell.key, "best_epoch": state["best"]["epoch"], **placement})
         print(json.dumps(report[-1]))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -261,8 +261,8 @@ def test_the_alpha_beta_script_draws_the_grid_and_chooses_on_valid(tmp_path):
 
 def test_the_sl_classes_script_places_the_draws_of_trained_sl_models(tmp_path):
     """studies/sl_classes.py on real one-epoch SL runs: the negative class is the lowest-scored draws,
-    so it holds less of the softmax mass than its share of the draws (the highest-scored would hold
-    more), and the false negatives it counts are the valid items among the draws, K |valid| / |unknown|
+    so it holds less of the softmax mass than its share of the draws, the top draws more, and the
+    false negatives it counts are the valid items among the draws, K |valid| / |unknown|
     of them a row in expectation."""
     plan = tmp_path / "sl.toml"
     plan.write_text(PLAN.split("[[configs]]")[0].replace("seeds = [1, 2, 3]", "seeds = [1]").replace(
@@ -288,5 +288,8 @@ def test_the_sl_classes_script_places_the_draws_of_trained_sl_models(tmp_path):
         assert row["rows"] == int(has_valid.sum())
         assert abs(row["false_negatives"] - expected) < tolerance, (row["false_negatives"], expected)
         assert 0 < row["negative_class_softmax_mass"] < row["negative_class_share_of_draws"]
+        # and the 8 highest draws (--top's default) hold more than their 8 / 64 share of it
+        assert row["top_share_of_draws"] == 8 / 64 < row["top_softmax_mass"] < 1
+        assert 0 <= row["top_share_of_false_negatives"] <= 1
         assert 0 < row["false_negative_softmax_mass"] < 1
         assert 0 <= row["negative_class_share_of_false_negatives"] <= 1
