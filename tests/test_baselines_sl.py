@@ -194,6 +194,12 @@ def test_bad_arguments_are_value_errors_naming_the_argument(name, value):
         build_objective("sl", known, model, margin=0.5)
 
 
+def test_neutral_top_without_a_neutral_weight_is_an_error():
+    known, model = tiny()
+    with pytest.raises(ValueError, match=r"sl: neutral_top=8 needs a neutral_weight below 1, got 1\.0"):
+        build_objective("sl", known, model, neutral_top=8)
+
+
 def test_scoring_tables_give_the_trained_cosines():
     known, model = tiny()
     obj = build_objective("sl", known, model)

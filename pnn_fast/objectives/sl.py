@@ -120,6 +120,8 @@ class SLObjective(Objective):
         top = a["neutral_top"]
         if not (isinstance(top, int) and not isinstance(top, bool) and 0 <= top < negatives):
             raise ValueError(f"sl: neutral_top must be an int in [0, num_negatives) = [0, {negatives}), got {top!r}")
+        if top and weight == 1:  # a neutral class of weight 1 is no class: the setting would do nothing
+            raise ValueError(f"sl: neutral_top={top} needs a neutral_weight below 1, got {weight!r}")
 
     def sample_negatives(self, users: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
