@@ -37,7 +37,6 @@ from pathlib import Path
 import torch
 
 from pnn_fast.backends import reference
-from pnn_fast.backends.rows import negative_class_size
 from pnn_fast.sampling import sample_unknown
 from pnn_fast.study import load_plan
 from pnn_fast.train import Trainer, TrainConfig
@@ -60,8 +59,7 @@ def cell_placement(trainer: Trainer, seed: int, batch: int, top: int) -> dict:
         items = sample_unknown(trainer.known, rows, draws, generator, backend="reference")  # [B, K]
         logits = torch.einsum("bd,bkd->bk", user_unit[rows], item_unit[items]) / temperature
         false_negative = reference.rows_contain(valid, rows, items)  # [B, K] bool
-        full = torch.full_like(rows, draws)
-        k = negative_class_size(full, trainer.known.count(rows), trainer.known.num_items, args["neg_size"])
+        k = trainer.objective.negative_class_sizes(rows)
         negative = reference.lowest_k_mask(logits, k)  # the k lowest of each row
         highest = reference.lowest_k_mask(-logits, torch.full_like(rows, top))  # the top highest
         mass = torch.softmax(logits, dim=1)  # each draw's share of the row's negative mass

@@ -127,15 +127,19 @@ class SLObjective(Objective):
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
         return sample_unknown(self.known, users, self.args["num_negatives"], generator, backend=self.args["backend"])
 
+    def negative_class_sizes(self, users: torch.Tensor) -> torch.Tensor:
+        """int64 [B]: k_b, each row's count of lowest-scored draws that keep weight 1 under PNN's rule
+        (``neg_size``); every one of the ``num_negatives`` draws is unlabeled."""
+        unlabeled = torch.full_like(users, self.args["num_negatives"], dtype=torch.int64)
+        return negative_class_size(unlabeled, self.known.count(users), self.known.num_items, self.args["neg_size"])
+
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
         neg_items = self.sample_negatives(users, generator)
-        # index_select, not indexing: its backward adds repeated rows in a fixed order (reproducible runs)
         num_negative = None
-        if self.args["neutral_weight"] != 1 and not self.args["neutral_top"]:  # every draw is unlabeled: K a row
-            unlabeled = torch.full_like(users, neg_items.shape[1], dtype=torch.int64)
-            num_negative = negative_class_size(unlabeled, self.known.count(users), self.known.num_items,
-                                               self.args["neg_size"])
+        if self.args["neutral_weight"] != 1 and not self.args["neutral_top"]:
+            num_negative = self.negative_class_sizes(users)
+        # index_select, not indexing: its backward adds repeated rows in a fixed order (reproducible runs)
         loss = sampled_softmax_loss(user_table.index_select(0, users), item_table, pos_items, neg_items,
                                     float(self.args["temperature"]), self.args["backend"],
                                     float(self.args["neutral_weight"]), num_negative, self.args["neutral_top"])
