@@ -200,6 +200,15 @@ def test_neutral_top_without_a_neutral_weight_is_an_error():
         build_objective("sl", known, model, neutral_top=8)
 
 
+@pytest.mark.parametrize("extra", [{}, {"neutral_weight": 0.5, "neutral_top": 8}])
+def test_neg_size_where_pnn_classes_are_off_is_an_error(extra):
+    known, model = tiny()
+    with pytest.raises(ValueError, match=r"sl: neg_size='count' sizes PNN's negative class, which needs a "
+                                         r"neutral_weight below 1 and neutral_top 0"):
+        build_objective("sl", known, model, neg_size="count", **extra)
+    build_objective("sl", known, model, neg_size="count", neutral_weight=0.5)  # PNN's classes: accepted
+
+
 def test_scoring_tables_give_the_trained_cosines():
     known, model = tiny()
     obj = build_objective("sl", known, model)

@@ -122,6 +122,10 @@ class SLObjective(Objective):
             raise ValueError(f"sl: neutral_top must be an int in [0, num_negatives) = [0, {negatives}), got {top!r}")
         if top and weight == 1:  # a neutral class of weight 1 is no class: the setting would do nothing
             raise ValueError(f"sl: neutral_top={top} needs a neutral_weight below 1, got {weight!r}")
+        # PNN's size rule places the classes only when they are PNN's: given otherwise it would do nothing
+        if "neg_size" in args and (weight == 1 or top):
+            raise ValueError(f"sl: neg_size={neg_size!r} sizes PNN's negative class, which needs a neutral_weight "
+                             f"below 1 and neutral_top 0; got neutral_weight={weight!r}, neutral_top={top!r}")
 
     def sample_negatives(self, users: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
