@@ -130,22 +130,32 @@ class PNNMF(_PairsFromRecBole, BPR):
                              users, pos)
 
 
-class DNSMF(_PairsFromRecBole, BPR):
+class _DNSFromRecBole(_PairsFromRecBole):
+    """What the two DNS models share: the loss, and its draws."""
+
+    def _init_dns(self, config, dataset) -> None:
+        self._init_pairs(config, dataset)
+        self.dns_candidates = int(config["dns_candidates"])
+        self.dns_loss = DNSLoss(self.known, backend=config["loss_backend"], validate=False)
+
+    def _dns(self, user_rows, item_table, users, pos):
+        """BPR of each row against the hardest of ``dns_candidates`` uniform unknown items."""
+        neg = sample_unknown(self.known, users, self.dns_candidates, backend=self.dns_loss.backend)
+        return self.dns_loss(user_rows, item_table, users, pos, neg)
+
+
+class DNSMF(_DNSFromRecBole, BPR):
     """RecBole's BPR model (MF) trained with :class:`pnn_fast.DNSLoss`: BPR against the hardest of
     ``dns_candidates`` uniform unknown items of each row."""
 
     def __init__(self, config, dataset):
         _fill_defaults(config, MF_DEFAULTS, DNS_DEFAULTS)
         super().__init__(config, dataset)
-        self._init_pairs(config, dataset)
-        self.dns_candidates = int(config["dns_candidates"])
-        self.dns_loss = DNSLoss(self.known, backend=config["loss_backend"], validate=False)
+        self._init_dns(config, dataset)
 
     def calculate_loss(self, interaction):
         users, pos = self._pairs(interaction)
-        neg = sample_unknown(self.known, users, self.dns_candidates, backend=self.dns_loss.backend)
-        return self.dns_loss(gather_rows(self.user_embedding.weight, users), self.item_embedding.weight[1:],
-                             users, pos, neg)
+        return self._dns(gather_rows(self.user_embedding.weight, users), self.item_embedding.weight[1:], users, pos)
 
 
 class _LightGCNLoss(_PairsFromRecBole):
@@ -180,22 +190,19 @@ class PNNLightGCN(_LightGCNLoss, LightGCN):
         return self.pnn_loss(user_rows, item_table, users, pos) + self._l2(users, pos)
 
 
-class DNSLightGCN(_LightGCNLoss, LightGCN):
+class DNSLightGCN(_DNSFromRecBole, _LightGCNLoss, LightGCN):
     """RecBole's LightGCN trained with :class:`pnn_fast.DNSLoss` (hardest of ``dns_candidates``
     uniform unknown items), plus LightGCN's own L2 term (``reg_weight``)."""
 
     def __init__(self, config, dataset):
         _fill_defaults(config, LIGHTGCN_DEFAULTS, DNS_DEFAULTS)
         super().__init__(config, dataset)
-        self._init_pairs(config, dataset)
-        self.dns_candidates = int(config["dns_candidates"])
-        self.dns_loss = DNSLoss(self.known, backend=config["loss_backend"], validate=False)
+        self._init_dns(config, dataset)
 
     def calculate_loss(self, interaction):
         users, pos = self._pairs(interaction)
         user_rows, item_table = self._propagated(users)
-        neg = sample_unknown(self.known, users, self.dns_candidates, backend=self.dns_loss.backend)
-        return self.dns_loss(user_rows, item_table, users, pos, neg) + self._l2(users, pos)
+        return self._dns(user_rows, item_table, users, pos) + self._l2(users, pos)
 
 
 @contextmanager
