@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 DATA_DIR = Path(os.environ.get("PNN_FAST_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 
@@ -12,6 +13,16 @@ def data_path(name: str) -> Path:
     if not path.exists():
         pytest.skip(f"dataset {name!r} not found under {DATA_DIR} (set PNN_FAST_DATA)")
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """torch at one thread for the test: the machines running these tests are small and shared,
+    so the test's intra-op threads would only contend (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # hypothesis profiles (tests/test_property_parity.py): "ci", the default, replays the same examples

@@ -15,14 +15,7 @@ from pnn_fast.models import build_model
 from pnn_fast.objectives import build_objective
 from pnn_fast.train import TrainConfig, Trainer, run
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The machines running these tests are small and shared: no intra-op thread contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ---- tiny inputs -------------------------------------------------------------------------

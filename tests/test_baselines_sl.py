@@ -20,14 +20,7 @@ from pnn_fast.train import TrainConfig, run
 compiled = pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_fast._C is not built")
 BACKENDS = ["reference", pytest.param("cpu", marks=compiled)]
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The machines running these tests are small and shared: no intra-op thread contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ---- tiny inputs -------------------------------------------------------------------------
