@@ -8,8 +8,8 @@ from ._version import __version__
 from .attention import UserAwareAttention
 from .csr import CSR
 from .known import KnownPositives
-from .losses import BPRLoss, DNSLoss, PNNLoss, embedding_bpr
+from .losses import BPRLoss, DNSLoss, PNNLoss, SampledSoftmaxLoss, embedding_bpr
 from .sampling import sample_unknown
 
-__all__ = ["BPRLoss", "CSR", "DNSLoss", "KnownPositives", "PNNLoss", "UserAwareAttention", "build_info",
+__all__ = ["BPRLoss", "CSR", "DNSLoss", "KnownPositives", "PNNLoss", "SampledSoftmaxLoss", "UserAwareAttention", "build_info",
            "embedding_bpr", "sample_unknown", "__version__"]

@@ -1,4 +1,5 @@
-"""Drop-in loss modules: PNNLoss (the paper's method) and the classic BPR / DNS losses.
+"""Drop-in loss modules: PNNLoss (the paper's method), the classic BPR / DNS losses, and sampled
+softmax (SL), the loss with the lift PNN's own loss did not give (docs/why-pnn.md).
 
 Every loss takes the model's own embeddings, ``user_emb [B, d]`` for the batch's users and
 the full ``item_table [I, d]`` the model scores with, so any PyTorch recommender whose
@@ -6,6 +7,7 @@ score is an inner product can swap its loss for these.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple, Union
 
 import torch
@@ -17,7 +19,7 @@ from ._checks import (check_embedding, check_id_tensor, check_int, check_real, c
                       require_tensor, validate_batch)
 from .attention import UserAwareAttention
 from .distributed import gather_ids
-from .backends.rows import NORM_EPS
+from .backends.rows import NORM_EPS, negative_class_size
 from .known import KnownPositives
 from .sampling import sample_unknown
 
@@ -320,3 +322,125 @@ class DNSLoss(nn.Module):
         valid = hard >= 0
         return bpr.sum() / valid.sum().clamp_min(1)
 
+
+def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
+                         neg_items: torch.Tensor, temperature: float, backend: str = "auto",
+                         neutral_weight: float = 1.0, num_negative=None, neutral_top: int = 0) -> torch.Tensor:
+    """The mean SL of the rows against their negatives, from cosine scores.
+
+    With ``neutral_weight`` below 1, PNN's classes inside the softmax: each row's ``num_negative``
+    lowest-scored negatives (the reliable negatives) keep weight 1 in the denominator, the others
+    (the neutral class) weigh ``neutral_weight``: ``sum_j w_j exp s(u, n_j)``.  With ``neutral_top``
+    above 0 the neutral class is instead each row's ``neutral_top`` highest-scored negatives, where
+    the false negatives are (docs/why-pnn.md), and every other negative keeps weight 1.
+
+    Args:
+        user_rows: float [B, d], the batch's user embeddings (not normalised).
+        item_table: float [I, d], same dtype and device, the model's item embeddings (not normalised).
+        pos_items: int [B], each row's positive.
+        neg_items: int [B, K], each row's sampled negatives.
+        temperature: tau > 0, divides every cosine.
+        backend: "auto", "reference", "cpu" or "cuda": whose ``gathered_dots`` scores the negatives.
+        neutral_weight: in (0, 1]; num_negative: int64 [B], the negative class sizes (needed when
+            neutral_weight < 1 and neutral_top is 0); neutral_top: in [0, K), 0 for PNN's classes.
+    Returns:
+        0-dim tensor of ``user_rows``' dtype, differentiable w.r.t. both embeddings.
+    """
+    user_unit = F.normalize(user_rows, dim=-1)
+    # normalising the whole [I, d] table once costs far less than normalising B x K gathered rows
+    item_unit = F.normalize(item_table, dim=-1)
+    impl = backends.select(backend, user_rows.device)
+    pos_logit = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1) / temperature  # [B]
+    neg_logits = impl.gathered_dots(user_unit, item_unit, neg_items) / temperature  # [B, K]
+    if neutral_weight != 1.0:
+        if neutral_top:  # the neutral_top highest of a row (equal scores: the first by position)
+            sizes = torch.full((neg_logits.shape[0],), neutral_top, dtype=torch.int64, device=neg_logits.device)
+            neutral = impl.lowest_k_mask(-neg_logits.detach(), sizes)
+        else:  # the num_negative lowest of a row (equal scores: the first by position) are the negative class
+            neutral = ~impl.lowest_k_mask(neg_logits.detach(), num_negative)
+        neg_logits = neg_logits + neutral.to(neg_logits.dtype) * math.log(neutral_weight)
+    # log of the denominator without forming [B, K + 1]: the positive joins the negatives' logsumexp
+    log_denominator = torch.logaddexp(pos_logit, torch.logsumexp(neg_logits, dim=1))
+    return (log_denominator - pos_logit).mean()
+
+
+class SampledSoftmaxLoss(nn.Module):
+    """Sampled softmax, SL (Wu et al., ACM TOIS 2024): each row's positive against ``num_negatives``
+    items drawn uniformly, with replacement, from the user's unknown items, over cosine scores
+    divided by ``temperature`` (semantics: :func:`sampled_softmax_loss`, docs/baselines/sl.md).
+    Rank with cosines too: score with the L2-normalised user and item tables.
+
+    Args:
+        known: each user's training items (:class:`KnownPositives`); the draws come from the others.
+        num_negatives: K, the draws per row (>= 1; the published runs' 800).
+        temperature: tau (finite, > 0; the published 0.1). It decides SL's standing: choose it on
+            valid (docs/why-pnn.md: 0.2 on ML-1M, 0.1 on Gowalla).
+        neutral_weight: in (0, 1]; below 1, PNN's classes inside the softmax (ours, not published):
+            each row's lowest-scored draws keep weight 1 in the denominator, the others weigh this.
+        neg_size: how many draws keep weight 1, by PNN's rule ("proportional", the default, "count"
+            or an int below K); only with ``neutral_weight`` below 1 and ``neutral_top`` 0.
+        neutral_top: m in [0, K); above 0 the neutral class is instead each row's m highest-scored
+            draws (needs ``neutral_weight`` below 1).
+        backend, validate: as :class:`PNNLoss`.
+
+    forward(user_emb [B, d], item_table [I, d], users int [B], pos_items int [B], neg_items=None,
+    generator=None) -> 0-dim tensor of user_emb's dtype, the mean over rows.  ``neg_items`` int [B, K]:
+    the draws, unknown items of their rows (PNN's class sizes count them all as unlabeled); None draws
+    ``num_negatives`` with :func:`pnn_fast.sample_unknown` from ``generator`` (the global one when None).
+    """
+
+    def __init__(self, known: KnownPositives, *, num_negatives: int = 800, temperature: float = 0.1,
+                 neutral_weight: float = 1.0, neg_size: Union[str, int, None] = None, neutral_top: int = 0,
+                 backend: str = "auto", validate: bool = True):
+        super().__init__()
+        if not isinstance(known, KnownPositives):
+            raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
+        self.known = known
+        self.num_negatives = check_int("num_negatives", num_negatives, 1)
+        self.temperature = check_real("temperature", temperature, low_open=True)
+        self.neutral_weight = check_real("neutral_weight", neutral_weight, high=1.0, low_open=True)
+        # at least one draw of a row stays outside the neutral class, at full weight
+        self.neutral_top = check_int("neutral_top", neutral_top, 0)
+        if self.neutral_top >= num_negatives:
+            raise ValueError(f"neutral_top must be below num_negatives={num_negatives}, got {neutral_top!r}")
+        if self.neutral_top and self.neutral_weight == 1:  # a neutral class of weight 1 is no class
+            raise ValueError(f"neutral_top={neutral_top} needs a neutral_weight below 1, got {neutral_weight!r}")
+        # k_b <= K - 1 (the neutral class keeps one draw): a larger fixed size would silently be cut
+        if neg_size is not None and neg_size not in ("proportional", "count") and not (
+                isinstance(neg_size, int) and not isinstance(neg_size, bool) and 0 <= neg_size < num_negatives):
+            raise ValueError(f"neg_size must be 'proportional', 'count' or an int in [0, num_negatives) = "
+                             f"[0, {num_negatives}), got {neg_size!r}")
+        # PNN's size rule places PNN's classes only: given where they are off, it would do nothing
+        self.pnn_classes = self.neutral_weight != 1 and not self.neutral_top
+        if neg_size is not None and not self.pnn_classes:
+            raise ValueError(f"neg_size={neg_size!r} sizes PNN's negative class, which needs a neutral_weight "
+                             f"below 1 and neutral_top 0; got neutral_weight={neutral_weight!r}, neutral_top={neutral_top!r}")
+        self.neg_size = "proportional" if neg_size is None else neg_size
+        self.backend = backends.check_name(backend)
+        self.validate = validate
+
+    def sample_negatives(self, users: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
+        self.known = self.known.to(users.device)  # no copy when already there
+        return sample_unknown(self.known, users, self.num_negatives, generator, backend=self.backend)
+
+    def negative_class_sizes(self, users: torch.Tensor, num_draws: Optional[int] = None) -> torch.Tensor:
+        """int64 [B]: k_b, each row's count of lowest-scored draws that keep weight 1 under PNN's rule
+        (``neg_size``), of ``num_draws`` (``num_negatives`` when None), every one unlabeled."""
+        unlabeled = torch.full_like(users, self.num_negatives if num_draws is None else num_draws, dtype=torch.int64)
+        return negative_class_size(unlabeled, self.known.count(users), self.known.num_items, self.neg_size)
+
+    def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
+                pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None,
+                generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        require_tensor("user_emb", user_emb)
+        dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
+        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None, self.validate)
+        self.known = self.known.to(user_emb.device)  # no copy when already there
+        if neg_items is None:
+            neg_items = self.sample_negatives(users, generator)
+        if neg_items.dim() != 2:
+            raise ValueError(f"neg_items must have shape [B, K], got {list(neg_items.shape)}")
+        num_negative = self.negative_class_sizes(users, neg_items.shape[1]) if self.pnn_classes else None
+        return sampled_softmax_loss(user_emb, item_table, pos_items, neg_items, self.temperature, self.backend,
+                                    self.neutral_weight, num_negative, self.neutral_top)

@@ -9,7 +9,8 @@ from conftest import data_path
 from test_train import assert_reaches_bpr, bpr_twin_ndcg, popularity_ndcg
 
 from pnn_fast import _extension
-from pnn_fast.objectives.sl import sampled_softmax_loss
+from pnn_fast import SampledSoftmaxLoss
+from pnn_fast.losses import sampled_softmax_loss
 from pnn_fast.data import load_dataset
 from pnn_fast.known import KnownPositives
 from pnn_fast.sampling import sample_unknown
@@ -83,6 +84,49 @@ def test_loss_matches_a_loop_over_its_equation(backend, temperature, num_negativ
     got = sampled_softmax_loss(model.user_embedding.weight[USERS], model.item_embedding.weight, pos, fixed,
                                temperature, backend)
     assert float(got.detach()) == pytest.approx(sl_loop(model, USERS, pos, fixed, temperature), rel=1e-6)
+
+
+# ---- the drop-in module ----------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_drop_in_module_matches_the_loop_with_its_own_or_given_draws(backend):
+    known, model = tiny()
+    loss_fn = SampledSoftmaxLoss(known, num_negatives=7, temperature=0.3, backend=backend)
+    user_rows, items, pos = model.user_embedding.weight[USERS], model.item_embedding.weight, positives(USERS)
+    own = loss_fn(user_rows, items, USERS, pos, generator=torch.Generator().manual_seed(8))
+    neg = sample_unknown(known, USERS, 7, torch.Generator().manual_seed(8))
+    assert float(own.detach()) == pytest.approx(sl_loop(model, USERS, pos, neg, 0.3), rel=1e-6)
+    given = neg[:, :3]  # any number of given draws a row
+    got = loss_fn(user_rows, items, USERS, pos, given)
+    assert float(got.detach()) == pytest.approx(sl_loop(model, USERS, pos, given, 0.3), rel=1e-6)
+    got.backward()
+    assert model.user_embedding.weight.grad.abs().sum() > 0 and model.item_embedding.weight.grad.abs().sum() > 0
+
+
+def test_the_drop_in_module_is_the_objective_s_loss():
+    """The `sl` objective is the module: the same draws and the same value, PNN's classes included."""
+    known, model = tiny()
+    args = {"num_negatives": 9, "temperature": 0.2, "neutral_weight": 0.5, "neg_size": "count"}
+    out = build_objective("sl", known, model, **args)(model, USERS, positives(USERS), torch.Generator().manual_seed(2))
+    direct = SampledSoftmaxLoss(known, **args)(model.user_embedding.weight[USERS], model.item_embedding.weight, USERS,
+                                               positives(USERS), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(out.loss, direct)
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"num_negatives": 0}, r"num_negatives must be an int >= 1, got 0"),
+    ({"temperature": 0.0}, r"temperature must be a finite number > 0, got 0\.0"),
+    ({"temperature": float("nan")}, r"temperature must be a finite number > 0, got nan"),
+    ({"neutral_weight": 0.0}, r"neutral_weight must be a finite number in \(0, 1\], got 0\.0"),
+    ({"neutral_top": 5, "num_negatives": 5, "neutral_weight": 0.5}, r"neutral_top must be below num_negatives=5, got 5"),
+    ({"neg_size": 5, "num_negatives": 5, "neutral_weight": 0.5}, r"neg_size must be .* \[0, 5\), got 5"),
+    ({"backend": "gpu"}, r"backend"),
+])
+def test_the_drop_in_module_names_a_bad_argument(args, message):
+    known, _ = tiny()
+    with pytest.raises(ValueError, match=message):
+        SampledSoftmaxLoss(known, **args)
+    with pytest.raises(TypeError, match="known must be a KnownPositives"):
+        SampledSoftmaxLoss(None)
 
 
 def test_large_logits_stay_finite():
@@ -189,14 +233,14 @@ def test_bad_arguments_are_value_errors_naming_the_argument(name, value):
 
 def test_neutral_top_without_a_neutral_weight_is_an_error():
     known, model = tiny()
-    with pytest.raises(ValueError, match=r"sl: neutral_top=8 needs a neutral_weight below 1, got 1\.0"):
+    with pytest.raises(ValueError, match=r"neutral_top=8 needs a neutral_weight below 1, got 1\.0"):
         build_objective("sl", known, model, neutral_top=8)
 
 
 @pytest.mark.parametrize("extra", [{}, {"neutral_weight": 0.5, "neutral_top": 8}])
 def test_neg_size_where_pnn_classes_are_off_is_an_error(extra):
     known, model = tiny()
-    with pytest.raises(ValueError, match=r"sl: neg_size='count' sizes PNN's negative class, which needs a "
+    with pytest.raises(ValueError, match=r"neg_size='count' sizes PNN's negative class, which needs a "
                                          r"neutral_weight below 1 and neutral_top 0"):
         build_objective("sl", known, model, neg_size="count", **extra)
     build_objective("sl", known, model, neg_size="count", neutral_weight=0.5)  # PNN's classes: accepted
