@@ -102,13 +102,13 @@ assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no G
   run linkage 60 bash -c linkage
   run tests-cuda 300 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:logging -p xdist -n 4 --max-worker-restart 50 -rfE \
     tests/ops tests/test_backends.py tests/test_losses.py tests/test_attention.py tests/test_property_parity.py \
-    tests/test_ids_checked_before_launch.py tests/test_deterministic_algorithms.py -k cuda
+    tests/test_ids_checked_before_launch.py tests/test_deterministic_algorithms.py tests/test_baselines_sl.py -k cuda
   run smoke-and-compile 180 "$PYTHON" bench/gpu_smoke.py --device cuda --compile
   run memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
   run bench-pnn-loss 180 "$PYTHON" bench/bench_pnn_loss.py --devices cuda --batches 2048 8192 \
     --json "$OUT/bench_pnn_loss.json"
   run profile-cuda 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cuda --batches 2048 8192
-  run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn,pnn-dns-anchored "$PYTHON" -m pytest -q \
+  run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn,pnn-dns-anchored,sl-t02 "$PYTHON" -m pytest -q \
     -p no:cacheprovider bench/bench_epochs.py --benchmark-columns=median,rounds
   run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
   run profile-epochs 120 "$PYTHON" bench/profile_epoch.py --device cuda --losses dns pnn-dns-anchored

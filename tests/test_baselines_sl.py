@@ -1,18 +1,19 @@
-"""SL (sampled softmax) objective: the loss against a per-row loop over its equation on both backends,
-matching gradients, negatives that are never known positives, argument errors, cosine scoring tables,
-and a short ml-100k run that beats the most-popular ranking on NDCG@20 and reaches nearly BPR's."""
+"""SL (sampled softmax), the drop-in SampledSoftmaxLoss and the sl objective that wraps it: the loss
+against a per-row loop over its equation on every backend (CUDA where a GPU is), matching gradients,
+negatives that are never known positives, argument errors, cosine scoring tables, and a short ml-100k
+run that beats the most-popular ranking on NDCG@20 and reaches nearly BPR's."""
 import math
 
 import pytest
 import torch
+from batches import DEVICES
 from conftest import data_path
 from test_train import assert_reaches_bpr, bpr_twin_ndcg, popularity_ndcg
 
-from pnn_fast import _extension
-from pnn_fast import SampledSoftmaxLoss
-from pnn_fast.losses import sampled_softmax_loss
+from pnn_fast import SampledSoftmaxLoss, _extension
 from pnn_fast.data import load_dataset
 from pnn_fast.known import KnownPositives
+from pnn_fast.losses import sampled_softmax_loss
 from pnn_fast.sampling import sample_unknown
 from pnn_fast.models import build_model
 from pnn_fast.objectives import build_objective
@@ -100,6 +101,27 @@ def test_the_drop_in_module_matches_the_loop_with_its_own_or_given_draws(backend
     assert float(got.detach()) == pytest.approx(sl_loop(model, USERS, pos, given, 0.3), rel=1e-6)
     got.backward()
     assert model.user_embedding.weight.grad.abs().sum() > 0 and model.item_embedding.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs the CUDA kernels and a GPU")
+@pytest.mark.parametrize("extra", [{}, {"neutral_weight": 0.5}, {"neutral_weight": 0.5, "neutral_top": 3}])
+def test_cuda_loss_and_gradients_match_the_reference(extra):
+    """The module on the CUDA kernels (gathered_dots, lowest_k_mask) against the reference on the CPU,
+    float64, continuous scores; PNN's classes at the bottom and at the top of the rows included."""
+    known, model = tiny()
+    pos, neg = positives(USERS), sample_unknown(known, USERS, 9, torch.Generator().manual_seed(9))
+    results = {}
+    for backend, device in (("reference", "cpu"), ("cuda", "cuda")):
+        user_table = model.user_embedding.weight.detach().to(device).requires_grad_()
+        item_table = model.item_embedding.weight.detach().to(device).requires_grad_()
+        loss_fn = SampledSoftmaxLoss(known, num_negatives=9, temperature=0.3, backend=backend, **extra)
+        users = USERS.to(device)
+        loss = loss_fn(user_table[users], item_table, users, pos.to(device), neg.to(device))
+        loss.backward()
+        results[backend] = [t.detach().cpu() for t in (loss, user_table.grad, item_table.grad)]
+    for want, got in zip(results["reference"], results["cuda"]):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 def test_the_drop_in_module_is_the_objective_s_loss():
