@@ -439,8 +439,9 @@ class SampledSoftmaxLoss(nn.Module):
         self.known = self.known.to(user_emb.device)  # no copy when already there
         if neg_items is None:
             neg_items = self.sample_negatives(users, generator)
-        if neg_items.dim() != 2:
-            raise ValueError(f"neg_items must have shape [B, K], got {list(neg_items.shape)}")
+        if self.neutral_top >= neg_items.shape[1]:  # one draw a row stays outside the neutral class
+            raise ValueError(f"neutral_top={self.neutral_top} needs more draws a row than neg_items' "
+                             f"{neg_items.shape[1]}")
         num_negative = self.negative_class_sizes(users, neg_items.shape[1]) if self.pnn_classes else None
         return sampled_softmax_loss(user_emb, item_table, pos_items, neg_items, self.temperature, self.backend,
                                     self.neutral_weight, num_negative, self.neutral_top)

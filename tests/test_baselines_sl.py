@@ -151,6 +151,16 @@ def test_the_drop_in_module_names_a_bad_argument(args, message):
         SampledSoftmaxLoss(None)
 
 
+def test_the_drop_in_module_names_given_draws_too_few_for_its_neutral_top():
+    known, model = tiny()
+    loss_fn = SampledSoftmaxLoss(known, num_negatives=20, neutral_weight=0.5, neutral_top=5)
+    neg = sample_unknown(known, USERS, 5, torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match=r"neutral_top=5 needs more draws a row than neg_items' 5"):
+        loss_fn(model.user_embedding.weight[USERS], model.item_embedding.weight, USERS, positives(USERS), neg)
+    with pytest.raises(ValueError, match=r"neg_items must have shape \[B=7, K>=1\], got \[7\]"):
+        loss_fn(model.user_embedding.weight[USERS], model.item_embedding.weight, USERS, positives(USERS), neg[:, 0])
+
+
 def test_large_logits_stay_finite():
     # tau = 1e-3: logits up to 1000, where exp overflows float32 and float64 alike
     known, model = tiny()
