@@ -4,8 +4,11 @@ reference: ``reference.gathered_dots``, a [2048, 8, 64] gather, products and a s
 ``ops.gathered_dots``, no gather. Inputs: rows float32 [2048, 64] (the users' embeddings), table float32
 [3706, 64] (the items'), ids int64 [2048, K] (unknown items per row: K = 8 as DNS, 800 as SL). Result:
 float32 [2048, K], to rounding; forward, and forward + backward to rows and table (dense gradient).
+``test_gathered_dots_gowalla_table``: SL's draws from Gowalla's 40,981 items instead (a 10 MB table,
+beyond this CPU's L2, where the rows' loads miss and their prefetching shows).
 """
 import pytest
+import torch
 from _op_bench import BACKENDS, DEVICES, PASSES, PER_ROW, SL_PER_ROW, check_then_time, ml1m_batch, ops
 
 from pnn_fast.backends import reference
@@ -20,3 +23,19 @@ def test_gathered_dots(benchmark, device, per_row, passes, backend):
     _, ids = batch.draws(per_row)
     check_then_time(benchmark, device, backend, reference.gathered_dots, ops.gathered_dots,
                     (batch.user_emb, batch.item_table, ids), passes=passes, wrt=(0, 1))
+
+
+GOWALLA_ITEMS = 40981
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("passes", PASSES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_gathered_dots_gowalla_table(benchmark, device, passes, backend):
+    generator = torch.Generator().manual_seed(2)
+    # values on the harness's 1/64 grid, as the ML-1M batch's: every product and sum is exact
+    table = (torch.randint(-64, 65, (GOWALLA_ITEMS, ml1m_batch("cpu").item_table.shape[1]), generator=generator)
+             / 64).to(device)
+    ids = torch.randint(0, GOWALLA_ITEMS, (ml1m_batch("cpu").users.numel(), SL_PER_ROW), generator=generator).to(device)
+    check_then_time(benchmark, device, backend, reference.gathered_dots, ops.gathered_dots,
+                    (ml1m_batch(device).user_emb, table, ids), passes=passes, wrt=(0, 1))

@@ -31,6 +31,7 @@ at::Tensor gathered_dots_fwd_cpu(const at::Tensor& rows, const at::Tensor& table
       run_widest([&]() PNN_INLINE_LAMBDA {
         for (int64_t b = begin; b < end; ++b) {
           for (int64_t k = 0; k < K; ++k) {
+            if (b * K + k + kPrefetchAhead < end * K) prefetch_row(t + ix[b * K + k + kPrefetchAhead] * d, d);
             o[b * K + k] = static_cast<scalar_t>(dot_wide<acc_t>(r + b * d, t + ix[b * K + k] * d, d));
           }
         }
@@ -65,6 +66,7 @@ std::tuple<at::Tensor, at::Tensor> gathered_dots_bwd_cpu(const at::Tensor& grad,
           acc_t* __restrict out = gr + b * d;
           std::fill(out, out + d, acc_t(0));
           for (int64_t k = 0; k < K; ++k) {
+            if (b * K + k + kPrefetchAhead < end * K) prefetch_row(t + ix[b * K + k + kPrefetchAhead] * d, d);
             const acc_t gk = acc_t(g[b * K + k]);
             const scalar_t* __restrict v = t + ix[b * K + k] * d;
             for (int64_t i = 0; i < d; ++i) out[i] += gk * acc_t(v[i]);
@@ -78,6 +80,7 @@ std::tuple<at::Tensor, at::Tensor> gathered_dots_bwd_cpu(const at::Tensor& grad,
         for (int64_t b = 0; b < B; ++b) {
           const scalar_t* __restrict row = r + b * d;
           for (int64_t k = 0; k < K; ++k) {
+            if (b * K + k + kPrefetchAhead < B * K) prefetch_row(gt + ix[b * K + k + kPrefetchAhead] * d + c0, c1 - c0);
             const acc_t gk = acc_t(g[b * K + k]);
             acc_t* __restrict out = gt + ix[b * K + k] * d;
             for (int64_t i = c0; i < c1; ++i) out[i] += gk * acc_t(row[i]);
