@@ -419,6 +419,11 @@ class SampledSoftmaxLoss(nn.Module):
         self.backend = backends.check_name(backend)
         self.validate = validate
 
+    def extra_repr(self) -> str:
+        return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
+                f"neutral_weight={self.neutral_weight}, neg_size={self.neg_size!r}, neutral_top={self.neutral_top}, "
+                f"backend={self.backend!r}")
+
     def sample_negatives(self, users: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
         self.known = self.known.to(users.device)  # no copy when already there

@@ -92,6 +92,7 @@ def test_loss_matches_a_loop_over_its_equation(backend, temperature, num_negativ
 def test_the_drop_in_module_matches_the_loop_with_its_own_or_given_draws(backend):
     known, model = tiny()
     loss_fn = SampledSoftmaxLoss(known, num_negatives=7, temperature=0.3, backend=backend)
+    assert "num_negatives=7, temperature=0.3, neutral_weight=1.0" in repr(loss_fn)
     user_rows, items, pos = model.user_embedding.weight[USERS], model.item_embedding.weight, positives(USERS)
     own = loss_fn(user_rows, items, USERS, pos, generator=torch.Generator().manual_seed(8))
     neg = sample_unknown(known, USERS, 7, torch.Generator().manual_seed(8))
