@@ -9,7 +9,8 @@ beyond this CPU's L2, where the rows' loads miss and their prefetching shows).
 """
 import pytest
 import torch
-from _op_bench import BACKENDS, DEVICES, PASSES, PER_ROW, SL_PER_ROW, check_then_time, ml1m_batch, ops
+from _op_bench import (BACKENDS, BATCH, DEVICES, DIM, PASSES, PER_ROW, SL_PER_ROW, check_then_time, ml1m_batch,
+                       ops)
 
 from pnn_fast.backends import reference
 
@@ -34,8 +35,7 @@ GOWALLA_ITEMS = 40981
 def test_gathered_dots_gowalla_table(benchmark, device, passes, backend):
     generator = torch.Generator().manual_seed(2)
     # values on the harness's 1/64 grid, as the ML-1M batch's: every product and sum is exact
-    table = (torch.randint(-64, 65, (GOWALLA_ITEMS, ml1m_batch("cpu").item_table.shape[1]), generator=generator)
-             / 64).to(device)
-    ids = torch.randint(0, GOWALLA_ITEMS, (ml1m_batch("cpu").users.numel(), SL_PER_ROW), generator=generator).to(device)
+    table = (torch.randint(-64, 65, (GOWALLA_ITEMS, DIM), generator=generator) / 64).to(device)
+    ids = torch.randint(0, GOWALLA_ITEMS, (BATCH, SL_PER_ROW), generator=generator).to(device)
     check_then_time(benchmark, device, backend, reference.gathered_dots, ops.gathered_dots,
                     (ml1m_batch(device).user_emb, table, ids), passes=passes, wrt=(0, 1))
