@@ -148,6 +148,9 @@ def test_the_drop_in_module_names_a_bad_argument(args, message):
     known, _ = tiny()
     with pytest.raises(ValueError, match=message):
         SampledSoftmaxLoss(known, **args)
+
+
+def test_the_drop_in_module_needs_known_positives():
     with pytest.raises(TypeError, match="known must be a KnownPositives"):
         SampledSoftmaxLoss(None)
 
