@@ -14,4 +14,5 @@
 #include "cuda/masked_topk_cuda.cu"
 #include "cuda/pairwise_uniformity_cuda.cu"
 #include "cuda/rows_contain_cuda.cu"
+#include "cuda/unit_rows_cuda.cu"
 #include "cuda/unknown_items_cuda.cu"

@@ -104,6 +104,10 @@ TORCH_LIBRARY(pnn_fast, m) {
   m.def("gathered_dots_fwd(Tensor rows, Tensor table, Tensor ids) -> Tensor");
   // (grad_rows [B, d], grad_table [n, d]) given grad [B, K]
   m.def("gathered_dots_bwd(Tensor grad, Tensor rows, Tensor table, Tensor ids) -> (Tensor, Tensor)");
+  // [n, d] in x's dtype: x / max(||x||, 1e-12) row by row, F.normalize(x, dim=-1)
+  m.def("unit_rows_fwd(Tensor x) -> Tensor");
+  // grad_x [n, d] given grad [n, d]
+  m.def("unit_rows_bwd(Tensor grad, Tensor x) -> Tensor");
   // (values [B, k] in scores' dtype, columns int64 [B, k]): each row's k best columns, best first,
   // equal scores by ascending column, a column of an exclusion set of user rows[b] scoring -inf;
   // exclusion sets are CSR (indptr, indices) over users, sorted within a row; a NaN score that is

@@ -340,16 +340,16 @@ def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_
         pos_items: int [B], each row's positive.
         neg_items: int [B, K], each row's sampled negatives.
         temperature: tau > 0, divides every cosine.
-        backend: "auto", "reference", "cpu" or "cuda": whose ``gathered_dots`` scores the negatives.
+        backend: "auto", "reference", "cpu" or "cuda": whose ``unit_rows`` and ``gathered_dots`` make the cosines.
         neutral_weight: in (0, 1]; num_negative: int64 [B], the negative class sizes (needed when
             neutral_weight < 1 and neutral_top is 0); neutral_top: in [0, K), 0 for PNN's classes.
     Returns:
         0-dim tensor of ``user_rows``' dtype, differentiable w.r.t. both embeddings.
     """
-    user_unit = F.normalize(user_rows, dim=-1)
-    # normalising the whole [I, d] table once costs far less than normalising B x K gathered rows
-    item_unit = F.normalize(item_table, dim=-1)
     impl = backends.select(backend, user_rows.device)
+    user_unit = impl.unit_rows(user_rows)
+    # normalising the whole [I, d] table once costs far less than normalising B x K gathered rows
+    item_unit = impl.unit_rows(item_table)
     pos_logit = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1) / temperature  # [B]
     neg_logits = impl.gathered_dots(user_unit, item_unit, neg_items) / temperature  # [B, K]
     if neutral_weight != 1.0:

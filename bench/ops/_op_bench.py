@@ -34,6 +34,7 @@ from pnn_fast import ops  # noqa: E402  (needs the compiled kernels)
 
 NUM_USERS, NUM_ITEMS, KNOWN_PER_USER = 6040, 3706, 165
 DIM, BATCH, PER_ROW, SL_PER_ROW, HISTORY = 64, 2048, 8, 800, 50
+GOWALLA_ITEMS = 40981  # the item table of SL's Gowalla runs: 10 MB, beyond this CPU's L2
 
 BACKENDS = ("reference", "fused")
 PASSES = ("forward", "forward+backward")

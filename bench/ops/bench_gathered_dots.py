@@ -9,8 +9,8 @@ beyond this CPU's L2, where the rows' loads miss and their prefetching shows).
 """
 import pytest
 import torch
-from _op_bench import (BACKENDS, BATCH, DEVICES, DIM, PASSES, PER_ROW, SL_PER_ROW, check_then_time, ml1m_batch,
-                       ops)
+from _op_bench import (BACKENDS, BATCH, DEVICES, DIM, GOWALLA_ITEMS, PASSES, PER_ROW, SL_PER_ROW, check_then_time,
+                       ml1m_batch, ops)
 
 from pnn_fast.backends import reference
 
@@ -24,9 +24,6 @@ def test_gathered_dots(benchmark, device, per_row, passes, backend):
     _, ids = batch.draws(per_row)
     check_then_time(benchmark, device, backend, reference.gathered_dots, ops.gathered_dots,
                     (batch.user_emb, batch.item_table, ids), passes=passes, wrt=(0, 1))
-
-
-GOWALLA_ITEMS = 40981
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -315,6 +315,33 @@ PNN_HD inline acc_t normalize_denominator(acc_t norm) {
   return norm > acc_t(kNormEps) ? norm : acc_t(kNormEps);
 }
 
+// The unit_rows op, y = x / D(x) row by row (F.normalize(x, dim=-1)), backward
+//   dx = dy / D - [||x|| >= eps] x <dy, x> / D^3
+// (D = ||x|| wherever the indicator is 1).  Both backends get a row's sums, ||x||^2 and <dy, x>,
+// their own way (CPU: dot_wide; CUDA: a warp's lanes, then shuffles), then apply these.
+// D, from the row's ||x||^2 (the kernels multiply by 1 / D where F.normalize divides: within an ulp)
+template <typename acc_t>
+PNN_HD inline acc_t unit_row_denominator(acc_t squared_norm) {
+  return normalize_denominator(sqrt_(squared_norm));
+}
+
+template <typename acc_t>
+struct UnitRowBackward {
+  acc_t inv_denom;  // 1 / D
+  acc_t radial;     // <dy, x> / D^3, or 0 below eps (clamp_min passes the gradient at the bound)
+};
+
+template <typename acc_t>
+PNN_HD inline UnitRowBackward<acc_t> unit_row_backward(acc_t squared_norm, acc_t grad_dot_x) {
+  const acc_t inv = acc_t(1) / unit_row_denominator(squared_norm);
+  return {inv, sqrt_(squared_norm) >= acc_t(kNormEps) ? grad_dot_x * inv * inv * inv : acc_t(0)};
+}
+
+template <typename acc_t>
+PNN_HD_FORCE_INLINE acc_t unit_row_grad_entry(const UnitRowBackward<acc_t>& c, acc_t dy, acc_t x) {
+  return dy * c.inv_denom - c.radial * x;
+}
+
 // Entry k of the clamp gap z_pos * p / D(p) - z_neg * c_neg / D(c_neg), given 1 / D(p) and 1 / D(c_neg)
 // (a multiplication where F.normalize divides: within an ulp, and a division per entry was most of
 // the op's time).

@@ -251,6 +251,11 @@ def gathered_norm(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return table[ids.reshape(-1)].norm()
 
 
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """x / max(||x||, eps) row by row: x float [n, d] -> [n, d] (F.normalize, eps NORM_EPS)."""
+    return F.normalize(x, dim=-1, eps=NORM_EPS)
+
+
 def pairwise_uniformity(x: torch.Tensor, t: float) -> torch.Tensor:
     """log( mean over ordered pairs i != j of exp(-t ||x_i - x_j||^2) ); 0 for fewer than two rows.
 

@@ -11,7 +11,7 @@ whose item is neither ``i`` nor a known positive of ``u``; ``s_j`` is ``<user_em
 No op allocates anything of size ``[B, C]``.
 
 The table-lookup ops of a training step (:func:`unknown_items`, :func:`history_sample`,
-:func:`embedding_bpr`, :func:`gathered_norm`, :func:`gathered_dots`) take whole embedding tables
+:func:`embedding_bpr`, :func:`gathered_norm`, :func:`gathered_dots`, :func:`unit_rows`) take whole embedding tables
 and ids, and return dense table gradients.
 
 Importing this package needs the compiled extension (ImportError otherwise).
@@ -28,8 +28,9 @@ from .lowest_k_mask import lowest_k_mask
 from .masked_topk import masked_topk
 from .pairwise_uniformity import pairwise_uniformity
 from .rows_contain import rows_contain
+from .unit_rows import unit_rows
 from .unknown_items import unknown_items
 
 __all__ = ["class_centroids", "class_terms", "count_unlabeled", "embedding_bpr", "gathered_dots", "gathered_norm",
            "hard_negative_argmax", "history_sample", "lowest_k_mask", "masked_topk", "pairwise_uniformity",
-           "rows_contain", "unknown_items"]
+           "rows_contain", "unit_rows", "unknown_items"]
