@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OPS = ("hard_negative_argmax", "count_unlabeled", "class_centroids_fwd", "class_centroids_bwd", "class_terms_fwd",
        "class_terms_bwd",
        "pairwise_uniformity_fwd", "pairwise_uniformity_bwd", "unknown_items", "history_sample", "embedding_bpr_fwd",
-       "embedding_bpr_bwd", "gathered_norm_fwd", "gathered_norm_bwd", "gathered_dots_fwd", "gathered_dots_bwd")
+       "embedding_bpr_bwd", "gathered_norm_fwd", "gathered_norm_bwd", "gathered_dots_fwd", "gathered_dots_bwd",
+       "unit_rows_fwd", "unit_rows_bwd")
 compiled = pytest.mark.skipif(not build_info()["compiled"], reason="pnn_fast._C is not built")
 
 
