@@ -8,6 +8,7 @@ import torch
 from conftest import data_path
 from test_train import assert_reaches_bpr, bpr_twin_ndcg, popularity_ndcg
 
+from pnn_fast import _extension
 from pnn_fast.data import load_dataset, synthetic_dataset
 from pnn_fast.eval import evaluate
 from pnn_fast.known import KnownPositives
@@ -71,6 +72,10 @@ def assert_same_value_and_gradients(got, want, params):
 
 
 # ---- SimpleX -----------------------------------------------------------------------------
+#: the negatives' cosines from the reference and, where built, the compiled CPU kernels
+SIMPLEX_BACKENDS = ["reference"] + (["cpu"] if _extension.has_kernels("cpu") else [])
+
+
 def simplex_loop(obj, model, users, pos, neg):
     """CCL with the user tower, one row and one negative at a time (no padding, no masks): a torch
     scalar of the model's and the objective's parameters, for gradients."""
@@ -97,12 +102,13 @@ def simplex_loop(obj, model, users, pos, neg):
     return total / users.numel()
 
 
+@pytest.mark.parametrize("backend", SIMPLEX_BACKENDS)
 @pytest.mark.parametrize("aggregator", ["mean", "user_attention", "self_attention"])
-@pytest.mark.parametrize("num_negatives", [1, 3])  # 1: gathered rows, 3: one [B, I] product (N * d > I)
-def test_simplex_loss_matches_its_equations(aggregator, num_negatives):
+@pytest.mark.parametrize("num_negatives", [1, 3])  # reference: 1 gathers rows, 3 takes one [B, I] product (N * d > I)
+def test_simplex_loss_matches_its_equations(aggregator, num_negatives, backend):
     known, model = tiny()
     obj = build_objective("simplex", known, model, aggregator=aggregator, gamma=0.6, margin=0.3,
-                          negative_weight=4.0, dropout=0.4).double().eval()
+                          negative_weight=4.0, dropout=0.4, backend=backend).double().eval()
     users, pos, neg = tiny_batch(num_negatives)
     got = obj.batch_loss(*model.embeddings(), users, pos, neg)
     assert got.dtype == torch.float64
@@ -281,6 +287,9 @@ def test_unknown_or_bad_arguments_are_errors(loss):
     bad = {"simplex": {"aggregator": "max"}, "uib": {"boundary": "mlp"}, "ans": {"candidates": 0}}[loss]
     with pytest.raises(ValueError):
         build_objective(loss, known, model, **bad)
+    if loss == "simplex":
+        with pytest.raises(ValueError, match="backend must be one of"):
+            build_objective(loss, known, model, backend="gpu")
 
 
 def test_dropout_and_noise_follow_the_trainer_generator():
