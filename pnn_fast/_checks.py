@@ -49,6 +49,19 @@ def check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
+def check_neg_size(neg_size, candidates: Optional[int] = None, candidates_name: str = "num_candidates"):
+    """``neg_size`` itself: "proportional", "count" or an int >= 0, and below ``candidates`` when
+    given: a row's negative class holds at most K - 1 of its K candidates (the neutral class keeps
+    one), so a larger fixed size would never be honoured."""
+    if isinstance(neg_size, str) and neg_size in ("proportional", "count"):
+        return neg_size
+    if (isinstance(neg_size, numbers.Integral) and not isinstance(neg_size, bool) and neg_size >= 0
+            and (candidates is None or neg_size < candidates)):
+        return int(neg_size)
+    sizes = ">= 0" if candidates is None else f"in [0, {candidates_name}) = [0, {candidates})"
+    raise ValueError(f"neg_size must be 'proportional', 'count' or an int {sizes}, got {neg_size!r}")
+
+
 def check_ids(name: str, ids, size: int, shape: Optional[Sequence[int]]) -> None:
     """Type, dtype, shape and range check of an id tensor (syncs once)."""
     check_id_tensor(name, ids, shape)

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backends
-from ._checks import (check_embedding, check_id_tensor, check_int, check_real, check_same, check_values,
-                      require_tensor, validate_batch)
+from ._checks import (check_embedding, check_id_tensor, check_int, check_neg_size, check_real, check_same,
+                      check_values, require_tensor, validate_batch)
 from .attention import UserAwareAttention
 from .distributed import gather_ids
 from .backends.rows import NORM_EPS, negative_class_size
@@ -94,8 +94,6 @@ class PNNLoss(nn.Module):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
-        if neg_size not in ("proportional", "count") and not (isinstance(neg_size, int) and not isinstance(neg_size, bool) and neg_size >= 0):
-            raise ValueError(f"neg_size must be 'proportional', 'count' or an int >= 0, got {neg_size!r}")
         if lambda_mode not in ("attention", "fixed"):
             raise ValueError(f"lambda_mode must be 'attention' or 'fixed', got {lambda_mode!r}")
         if uniform_over not in ("items", "users_and_items"):
@@ -117,10 +115,7 @@ class PNNLoss(nn.Module):
         for name, count in (("num_candidates", num_candidates), ("num_hard_candidates", num_hard_candidates)):
             if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
                 raise ValueError(f"{name} must be None or an int >= 1, got {count!r}")
-        # k_b <= |U_b| - 1 <= K - 1 (the neutral class keeps one item): a larger neg_size is never honoured
-        if isinstance(neg_size, int) and num_candidates is not None and neg_size >= num_candidates:
-            raise ValueError(f"neg_size={neg_size} leaves no neutral class among num_candidates={num_candidates} "
-                             f"candidates; use at most {num_candidates - 1}")
+        neg_size = check_neg_size(neg_size, num_candidates)
         self.known = known
         self.dim = dim
         # a negative weight makes its term a reward with no lower bound, and NaN poisons every step
@@ -405,11 +400,8 @@ class SampledSoftmaxLoss(nn.Module):
             raise ValueError(f"neutral_top must be below num_negatives={num_negatives}, got {neutral_top!r}")
         if self.neutral_top and self.neutral_weight == 1:  # a neutral class of weight 1 is no class
             raise ValueError(f"neutral_top={neutral_top} needs a neutral_weight below 1, got {neutral_weight!r}")
-        # k_b <= K - 1 (the neutral class keeps one draw): a larger fixed size would silently be cut
-        if neg_size is not None and neg_size not in ("proportional", "count") and not (
-                isinstance(neg_size, int) and not isinstance(neg_size, bool) and 0 <= neg_size < num_negatives):
-            raise ValueError(f"neg_size must be 'proportional', 'count' or an int in [0, num_negatives) = "
-                             f"[0, {num_negatives}), got {neg_size!r}")
+        if neg_size is not None:
+            neg_size = check_neg_size(neg_size, self.num_negatives, "num_negatives")
         # PNN's size rule places PNN's classes only: given where they are off, it would do nothing
         self.pnn_classes = self.neutral_weight != 1 and not self.neutral_top
         if neg_size is not None and not self.pnn_classes:

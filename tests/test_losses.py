@@ -298,7 +298,7 @@ NAN, INF = float("nan"), float("inf")
     (dict(uniform_t=0.0), "uniform_t"), (dict(uniform_t=NAN), "uniform_t"),
     (dict(history_len=-3), "history_len"), (dict(history_len=2.5), "history_len"),
     # at most K - 1 of K candidates can be negative: the neutral class keeps one
-    (dict(neg_size=8, num_candidates=8), "neg_size=8 leaves no neutral class among num_candidates=8"),
+    (dict(neg_size=8, num_candidates=8), r"neg_size must be .* an int in \[0, num_candidates\) = \[0, 8\), got 8"),
     (dict(neg_size=9, num_candidates=8), "neg_size"),
 ])
 def test_bad_constructor_argument(kwargs, name):
