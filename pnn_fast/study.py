@@ -66,6 +66,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ._files import write_text_atomic
 from .data import Dataset, load_dataset, synthetic_dataset
 from .data.loaders import FORMATS, SPLITS
 from .models import MODELS
@@ -342,7 +343,7 @@ def _run_cell(cell: Cell, out: Path, show_bars: bool) -> str | None:
             progress=show_bars, log=lambda line: print(f"{cell.key}  {line}", flush=True))
     except Exception as err:  # noqa: BLE001 - a failure is the cell's own; the other cells go on
         message = " ".join(f"{type(err).__name__}: {err}".split())
-        (folder / ERROR_FILE).write_text(message + "\n")
+        write_text_atomic(folder / ERROR_FILE, message + "\n")
         return message
     return None
 
@@ -566,8 +567,8 @@ def write_summary(plan: Plan, out: os.PathLike | str) -> dict:
     out = Path(out)
     summary = summarize(plan, out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "summary.md").write_text(summary_markdown(summary))
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out / "summary.md", summary_markdown(summary))
     plot_summary(summary, out / "plots")
     return summary
 

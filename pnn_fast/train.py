@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from ._checks import check_real
 from ._extension import build_info
+from ._files import write_text_atomic
 from ._version import __version__, source_revision
 from .data import Dataset
 from .eval import evaluate
@@ -325,7 +326,7 @@ class Trainer:
                 if writes:
                     record = {**self.results({}), "status": "diverged", "error": str(err),
                               "last_finite_epoch": self.epoch}
-                    (self.out_dir / "results.json").write_text(json.dumps(record, indent=2))
+                    write_text_atomic(self.out_dir / "results.json", json.dumps(record, indent=2))
                 raise
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -346,7 +347,7 @@ class Trainer:
         test = self.evaluate_split("test") if "test" in self.held_out else {}
         results = self.results(test)
         if writes:
-            (self.out_dir / "results.json").write_text(json.dumps(results, indent=2))
+            write_text_atomic(self.out_dir / "results.json", json.dumps(results, indent=2))
             plot_curves(self.history, cfg.valid_metric, self.out_dir / "curves.png")
         log(f"best epoch {self.best['epoch']} ({cfg.valid_metric} {self.best['score']:.4f}); test " +
             " ".join(f"{k}={v:.4f}" for k, v in test.items()))

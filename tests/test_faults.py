@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pnn_fast import _files as files
+from pnn_fast._files import write_text_atomic
 from pnn_fast.cli import main
 from pnn_fast.data import synthetic_dataset
 from pnn_fast.train import CheckpointWriteError, TrainConfig, Trainer, TrainingDiverged
@@ -114,6 +116,32 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_says_so(tmp_path
         trainer.fit(progress=False, log=lambda *_: None)
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["epoch"] == 1
     assert not (tmp_path / "checkpoint.tmp").exists()
+
+
+@pytest.mark.parametrize("failing", ["write", "rename"])
+def test_results_and_summaries_are_written_whole_or_not_at_all(tmp_path, monkeypatch, failing):
+    """results.json (a study's mark of a finished cell) and the summaries: a full disk mid-write, or
+    a failed rename, leaves the previous file as it was and no temporary file behind."""
+    target = tmp_path / "results.json"
+    write_text_atomic(target, '{"old": 1}')
+    write_text = Path.write_text
+
+    def full_disk(path, text, *args, **kwargs):
+        write_text(path, text[:3], *args, **kwargs)  # what a full disk leaves behind
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def failed_rename(src, dst):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    if failing == "write":
+        monkeypatch.setattr(Path, "write_text", full_disk)
+    else:
+        monkeypatch.setattr(files.os, "replace", failed_rename)
+    with pytest.raises(OSError):
+        write_text_atomic(target, '{"new": 2}')
+    monkeypatch.undo()
+    assert json.loads(target.read_text()) == {"old": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
 def test_an_unwritable_output_folder_fails_before_training(tmp_path, capsys):
