@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from batches import DEVICES, requires_kernels, under_thread_counts
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pnn_fast import _extension
 from pnn_fast.backends import reference
 
@@ -64,6 +66,46 @@ def test_unit_rows_low_precision_agrees_with_the_reference_to_rounding(device, d
     for g, w in zip(got, want):
         assert g.dtype == dtype
         torch.testing.assert_close(g.double(), w, rtol=tolerance, atol=tolerance)
+
+
+def unit_rounding(dtype) -> float:
+    return torch.finfo(dtype).eps / 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(suppress_health_check=list(HealthCheck))
+@given(rows=st.integers(1, 300), dim=st.integers(1, 257), double=st.booleans(), tiny_share=st.floats(0, 0.5),
+       seed=st.integers(0, 2**31 - 1))
+def test_unit_rows_property_agrees_with_exact_normalisation(device, rows, dim, double, tiny_share, seed):
+    """Random shapes, both float widths, rows of norms from 1e-6 to 1e6 and a share of zero rows and of
+    rows below eps (never within a factor 2 of it, where the backends' rounding could pick different
+    branches): the fused op and the reference each within a first-order rounding bound of F.normalize
+    computed in float64, value and gradient, entry by entry."""
+    dtype = torch.float64 if double else torch.float32
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, dim, dtype=torch.float64, generator=gen)
+    x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    scale = 10 ** (torch.rand(rows, 1, dtype=torch.float64, generator=gen) * 12 - 6)
+    tiny = torch.rand(rows, 1, generator=gen) < tiny_share
+    below_eps = torch.where(torch.rand(rows, 1, generator=gen) < 0.5, 0.0, 10 ** -(12.5 + torch.rand(rows, 1)))
+    x = torch.where(tiny, x * below_eps, x * scale).to(dtype)
+    weights = torch.randn(rows, dim, dtype=torch.float64, generator=gen).to(dtype)
+    exact = x.double()
+    want_value, want_grad = value_and_grad(lambda t: F.normalize(t, dim=-1), exact, weights.double())
+    # first-order worst cases (any summation order, with or without fma), doubled: a d-term sum of
+    # squares or products is off by gamma_{d} of its absolute terms, the rest a few roundings
+    u = unit_rounding(dtype)
+    gamma = 2 * (dim + 8) * u / (1 - (dim + 8) * u)
+    denominator = exact.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    dy = weights.double()
+    radial = exact.abs() * (dy.abs() * exact.abs()).sum(dim=1, keepdim=True) / denominator ** 3
+    value_bound = gamma * want_value.abs() + 2 * torch.finfo(dtype).tiny
+    grad_bound = gamma * (dy.abs() / denominator + radial) + 2 * torch.finfo(dtype).tiny
+    for fn in (ops.unit_rows, reference.unit_rows):
+        value, grad = value_and_grad(fn, x.to(device), weights.to(device))
+        assert value.dtype == dtype and grad.dtype == dtype
+        assert bool(((value.cpu().double() - want_value).abs() <= value_bound).all()), fn
+        assert bool(((grad.cpu().double() - want_grad).abs() <= grad_bound).all()), fn
 
 
 def test_unit_rows_results_do_not_depend_on_the_thread_count():
