@@ -106,8 +106,8 @@ def row_ops(batch: dict) -> None:
 
 
 def table_ops(device: str) -> None:
-    """embedding_bpr, gathered_dots, gathered_norm (fwd + bwd), pairwise_uniformity (fwd + bwd),
-    unknown_items and history_sample, each against its definition in plain torch."""
+    """embedding_bpr, gathered_dots, gathered_norm (fwd + bwd), pairwise_uniformity (fwd + bwd), unit_rows
+    (fwd + bwd), unknown_items and history_sample, each against its definition in plain torch."""
     gen = torch.Generator().manual_seed(3)
     users_n, items_n, d, rows, k = 50, 80, 24, 64, 5
     user_table = torch.randn(users_n, d, generator=gen).to(device).requires_grad_()
@@ -138,6 +138,9 @@ def table_ops(device: str) -> None:
     off_diagonal = ~torch.eye(40, dtype=torch.bool, device=device)
     want = grads(torch.logsumexp(-2 * distances[off_diagonal], 0) - torch.log(torch.tensor(40.0 * 39)))
     close("pairwise_uniformity", grads(ops.pairwise_uniformity(x, 2.0)), want, rtol=1e-4, atol=1e-5)
+    weights = torch.randn(items_n, d, generator=gen).to(device)
+    want = grads((torch.nn.functional.normalize(item_table, dim=-1) * weights).sum())
+    close("unit_rows", grads((ops.unit_rows(item_table) * weights).sum()), want, rtol=1e-4, atol=1e-5)
 
     batch = make_batch(rows, 8, dtype=torch.float32, num_items=items_n, seed=5, device=device)
     known, uniform = batch["known"], torch.rand(rows, 16, generator=gen).to(device)
@@ -200,8 +203,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also torch.compile(PNNLoss) against eager")
     args = parser.parse_args()
     called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "class_terms", "embedding_bpr",
-              "gathered_dots", "gathered_norm", "pairwise_uniformity", "unknown_items", "history_sample", "masked_topk",
-              "rows_contain", "lowest_k_mask"}
+              "gathered_dots", "gathered_norm", "pairwise_uniformity", "unit_rows", "unknown_items", "history_sample",
+              "masked_topk", "rows_contain", "lowest_k_mask"}
     missing = registered_ops(args.device) - called
     if missing:
         raise SystemExit(f"gpu_smoke: registered ops not exercised here: {sorted(missing)}; add them")
