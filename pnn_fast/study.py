@@ -454,6 +454,16 @@ def _cell_status(folder: Path) -> dict:
     return {"status": "not started"}
 
 
+def _read_results(path: Path) -> dict:
+    """A cell's results.json; a ValueError naming the file where it is not JSON (one cut short by a
+    crash before these files were written atomically): deleting it makes the study train the cell again."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg}, line {err.lineno}); delete it to train "
+                         f"the cell again") from None
+
+
 def summarize(plan: Plan, out: os.PathLike | str) -> dict:
     """The statistics of the cells finished under ``out``, per (dataset, model, config) group, in plan order.
 
@@ -467,7 +477,7 @@ def summarize(plan: Plan, out: os.PathLike | str) -> dict:
         runs[group] = {}
         for cell in cells:
             results_file = cell.folder(out) / RESULTS_FILE
-            results = json.loads(results_file.read_text()) if results_file.exists() else None
+            results = _read_results(results_file) if results_file.exists() else None
             if results is not None and results.get("status") == "diverged":
                 unfinished.append({"cell": cell.key, "status": "failed", "error": results["error"]})
             elif results is not None:

@@ -149,6 +149,21 @@ def test_a_rerun_trains_only_unfinished_cells_and_resumes_from_checkpoints(finis
     assert json.loads((out / "summary.json").read_text())["unfinished"] == []
 
 
+def test_a_cut_short_results_file_is_one_line_naming_it(finished_study, tmp_path, capsys):
+    """A results.json cut short (a crash mid-write, before these were written atomically): the study
+    says which file and how to recover, in one line, instead of a traceback."""
+    plan, finished = finished_study
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    broken = out / "cells" / "syn" / "mf" / "bpr" / "seed2" / "results.json"
+    broken.write_text(broken.read_text()[:40])
+    capsys.readouterr()
+    assert study(plan, out, "--summary-only") == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{broken}: not valid JSON" in err and "delete it to train the cell again" in err, err
+    assert "\n" not in err and "Traceback" not in err
+
+
 def test_a_failing_cell_is_reported_and_the_others_finish(tmp_path, capsys):
     plan = tmp_path / "failing.toml"
     plan.write_text(PLAN.replace("seeds = [1, 2, 3]", "seeds = [1]").split("[[configs]]")[0]
