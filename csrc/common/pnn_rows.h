@@ -319,6 +319,7 @@ PNN_HD inline acc_t normalize_denominator(acc_t norm) {
 //   dx = dy / D - [||x|| >= eps] x <dy, x> / D^3
 // (D = ||x|| wherever the indicator is 1).  Both backends get a row's sums, ||x||^2 and <dy, x>,
 // their own way (CPU: dot_wide; CUDA: a warp's lanes, then shuffles), then apply these.
+
 // D, from the row's ||x||^2 (the kernels multiply by 1 / D where F.normalize divides: within an ulp)
 template <typename acc_t>
 PNN_HD inline acc_t unit_row_denominator(acc_t squared_norm) {
