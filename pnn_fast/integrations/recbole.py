@@ -30,7 +30,6 @@ try:
     from recbole.data import create_dataset, data_preparation
     from recbole.data.transform import construct_transform
     from recbole.model.general_recommender import BPR, LightGCN
-    from recbole.model.loss import EmbLoss
     from recbole.utils import (InputType, get_environment, get_flops, get_model, get_trainer, init_logger,
                                init_seed, set_color)
 except ModuleNotFoundError as exc:  # RecBole itself missing: one line; anything else missing inside it: as is
