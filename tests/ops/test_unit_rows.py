@@ -87,7 +87,8 @@ def test_unit_rows_property_agrees_with_exact_normalisation(device, rows, dim, d
     x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-300)
     scale = 10 ** (torch.rand(rows, 1, dtype=torch.float64, generator=gen) * 12 - 6)
     tiny = torch.rand(rows, 1, generator=gen) < tiny_share
-    below_eps = torch.where(torch.rand(rows, 1, generator=gen) < 0.5, 0.0, 10 ** -(12.5 + torch.rand(rows, 1)))
+    exponent = 12.5 + torch.rand(rows, 1, dtype=torch.float64, generator=gen)  # norms 3e-14 to 3e-13
+    below_eps = torch.where(torch.rand(rows, 1, generator=gen) < 0.5, 0.0, 10 ** -exponent)
     x = torch.where(tiny, x * below_eps, x * scale).to(dtype)
     weights = torch.randn(rows, dim, dtype=torch.float64, generator=gen).to(dtype)
     exact = x.double()
