@@ -22,6 +22,7 @@ products are those cosines, for a trainer that lets the objective score.
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import ClassVar
 
 import torch
@@ -75,19 +76,17 @@ def generator_dropout(x: torch.Tensor, p: float, generator: torch.Generator | No
     return x * keep.to(x.dtype) / (1.0 - p)
 
 
-def gathered_cosines(user_unit: torch.Tensor, item_table: torch.Tensor, items: torch.Tensor,
-                     backend: str = "auto") -> torch.Tensor:
-    """cos(user row b, item items[b, j]) for unit user rows ``[B, d]`` and ids ``[B, N]``: ``[B, N]``.
+def gathered_cosines(user_unit: torch.Tensor, unit_table: torch.Tensor, items: torch.Tensor,
+                     impl: ModuleType) -> torch.Tensor:
+    """cos(user row b, item items[b, j]) for unit user rows ``[B, d]``, the unit item table ``[I, d]``
+    (``impl.unit_rows`` of the model's) and ids ``[B, N]``: ``[B, N]``, by the backend ``impl``.
 
-    The backend's ``unit_rows`` of the whole table, then its ``gathered_dots``: with the compiled
-    kernels nothing of size [B, N, d] or [B, I] is built (on Gowalla's 40,981 items and SimpleX's
-    1,500 negatives, 51 ms forward and backward at one thread against 780 ms for one [B, I] product
-    and a gather). The reference backend gathers [B, N, d] rows, so it takes that product instead
-    where it is smaller (``I < N * d``).
+    The backend's ``gathered_dots``: with the compiled kernels nothing of size [B, N, d] or [B, I] is
+    built (on Gowalla's 40,981 items and SimpleX's 1,500 negatives, 51 ms forward and backward at one
+    thread against 780 ms for one [B, I] product and a gather). The reference backend gathers
+    [B, N, d] rows, so it takes that product instead where it is smaller (``I < N * d``).
     """
-    impl = backends.select(backend, user_unit.device)
-    unit_table = impl.unit_rows(item_table)
-    if impl is backends.reference and item_table.shape[0] < items.shape[1] * item_table.shape[1]:
+    if impl is backends.reference and unit_table.shape[0] < items.shape[1] * unit_table.shape[1]:
         return (user_unit @ unit_table.T).gather(1, items)
     return impl.gathered_dots(user_unit, unit_table, items)
 
@@ -244,8 +243,10 @@ class SimpleXObjective(Objective):
         user_unit = F.normalize(self.user_vectors(user_table, item_table, users, exclude=pos_items), dim=-1)
         if self.training:
             user_unit = generator_dropout(user_unit, float(self.args["dropout"]), generator)
-        pos_cos = (user_unit * F.normalize(item_table[pos_items], dim=-1)).sum(-1)
-        neg_cos = gathered_cosines(user_unit, item_table, neg_items, self.args["backend"])
+        impl = backends.select(self.args["backend"], item_table.device)
+        unit_table = impl.unit_rows(item_table)  # once, for the positives and the negatives
+        pos_cos = (user_unit * unit_table.index_select(0, pos_items)).sum(-1)
+        neg_cos = gathered_cosines(user_unit, unit_table, neg_items, impl)
         return cosine_contrastive_loss(pos_cos, neg_cos, float(self.args["margin"]),
                                        float(self.args["negative_weight"]))
 
