@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.stats import ttest_rel
+from scipy.stats import t as student_t, ttest_rel
 
 from pnn_fast.cli import main
 from pnn_fast.csr import CSR
@@ -103,8 +103,18 @@ def test_every_cell_finishes_and_the_summary_matches_a_recomputation(finished_st
                 assert comparison[metric]["pairs"] == len(paired)
                 assert comparison[metric]["t"] == pytest.approx(expected.statistic)
                 assert comparison[metric]["p"] == pytest.approx(expected.pvalue)
+                # the interval by hand: mean paired difference +- t(0.975, n - 1) s / sqrt(n), over the
+                # paired seeds' baseline mean
+                differences = np.array([runs[config][s]["test"][metric] - runs[baseline][s]["test"][metric]
+                                        for s in paired])
+                half = student_t.ppf(0.975, len(paired) - 1) * differences.std(ddof=1) / np.sqrt(len(paired))
+                scale = 100 / np.mean([runs[baseline][s]["test"][metric] for s in paired])
+                assert comparison[metric]["ci95_percent"] == pytest.approx(
+                    [scale * (differences.mean() - half), scale * (differences.mean() + half)])
     markdown = (out / "summary.md").read_text()
     assert "| dns16 | dns | 2/2 |" in markdown and "## syn · mf" in markdown
+    interval = rows["dns16"]["vs"]["bpr"]["ndcg@20"]["ci95_percent"]
+    assert f"95% CI [{interval[0]:+.2f}%, {interval[1]:+.2f}%]" in markdown
     assert (out / "plots" / "syn.mf.png").stat().st_size > 0
 
 
