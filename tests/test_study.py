@@ -284,6 +284,31 @@ def test_the_alpha_beta_script_draws_the_grid_and_chooses_on_valid(tmp_path):
     assert "- dns: valid" in table and "- bpr: valid" in table
 
 
+def test_the_intervals_script_reads_each_lift_and_its_interval_against_the_bar(finished_study, tmp_path):
+    """studies/intervals.py on a real summary: a row per config paired with the baseline, the summary's
+    numbers, and the verdict from where the interval lies against --bar; a file that is not a summary
+    is one line naming it."""
+    _, out = finished_study
+    summary = json.loads((out / "summary.json").read_text())
+    comparison = {row["config"]: row["vs"]["bpr"]["ndcg@20"] for row in summary["groups"] if "bpr" in row["vs"]}
+    low, high = comparison["dns"]["ci95_percent"]
+    script = [sys.executable, str(ROOT / "studies" / "intervals.py"), str(out / "summary.json"), "--baseline", "bpr"]
+    # a bar below, above and inside dns's interval
+    for bar, verdict in ((low - 1, "clears"), (high + 1, "excluded"), ((low + high) / 2, "open")):
+        done = subprocess.run(script + ["--bar", str(bar)], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        lines = {line.split(" | ")[2]: line for line in done.stdout.splitlines()[2:]}
+        assert set(lines) == {"dns", "dns16"}  # bpr itself has no row
+        c = comparison["dns"]
+        assert lines["dns"] == (f"| tiny | syn · mf | dns | {c['pairs']} | {c['lift_percent']:+.2f}% "
+                                f"| [{low:+.2f}%, {high:+.2f}%] | {c['p']:.2g} | {verdict} |")
+    bad = tmp_path / "summary.json"
+    bad.write_text("{")
+    done = subprocess.run(script[:2] + [str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode != 0 and done.stderr.strip().startswith(f"{bad}: cannot read a study summary")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
 def test_the_sl_classes_script_places_the_draws_of_trained_sl_models(tmp_path):
     """studies/sl_classes.py on real one-epoch SL runs: the negative class is the lowest-scored draws,
     so it holds less of the softmax mass than its share of the draws, the top draws more, and the
