@@ -5,7 +5,8 @@
 Their lambda weights the BPR term against DNS's hardest of 8 (``lambda bpr + (1 - lambda) pnn``),
 so lambda = 1 leaves DNS alone. For each checkpoint (the cell's last epoch), the trained attention
 is evaluated on 20 random batches of 2048 training pairs (seed 0) of the dataset's split, with
-each user's first 20 known items as the history, as in training; prints the mean, min and max.
+each user's first 20 known items as the history, on the tables the model scores with (for LightGCN
+the propagated ones, as in training); prints the mean, min and max.
 """
 from __future__ import annotations
 
@@ -15,19 +16,26 @@ import torch
 
 from pnn_fast.data.loaders import load_dataset
 from pnn_fast.known import KnownPositives
+from pnn_fast.models import build_model
 from pnn_fast.objectives.pnn_authors import AuthorsAttention, first_known
 
 
-def batch_lambdas(checkpoint: dict, users_all: torch.Tensor, known: KnownPositives, batches: int = 20,
-                  batch_size: int = 2048, history_len: int = 20, gamma: float = 0.1) -> torch.Tensor:
-    """float [batches]: the attention's lambda on random batches of the training pairs' users."""
-    user_table = checkpoint["model"]["user_embedding.weight"]
-    item_table = checkpoint["model"]["item_embedding.weight"]
-    attention = AuthorsAttention(user_table.shape[1], gamma)
+def batch_lambdas(checkpoint: dict, data, known: KnownPositives, batches: int = 20, batch_size: int = 2048,
+                  history_len: int = 20, gamma: float = 0.1) -> torch.Tensor:
+    """float [batches]: the attention's lambda on random batches of the training pairs' users (``data``'s
+    split, whose pairs also build a graph model's adjacency)."""
+    config = checkpoint["config"]
+    users_all, items_all = data.train
+    model = build_model(config["model"], data.num_users, data.num_items, users_all, items_all, dim=config["dim"],
+                        **config["model_args"])
+    model.load_state_dict(checkpoint["model"])
+    model.eval()
+    attention = AuthorsAttention(config["dim"], gamma)
     attention.load_state_dict({k.removeprefix("attention."): v for k, v in checkpoint["objective"].items()})
     generator = torch.Generator().manual_seed(0)
     values = []
     with torch.no_grad():
+        user_table, item_table = model.embeddings()  # what the objective scores with in training
         for _ in range(batches):
             users = users_all[torch.randint(0, users_all.numel(), (batch_size,), generator=generator)]
             history, valid = first_known(known, users, history_len)
@@ -41,11 +49,10 @@ def main() -> None:
     parser.add_argument("checkpoints", nargs="+", help="pnn-authors cells' checkpoint.pt")
     args = parser.parse_args()
     data = load_dataset(args.data, split="rs")
-    users_all, items_all = data.train
-    known = KnownPositives.from_pairs(users_all, items_all, data.num_users, data.num_items)
+    known = KnownPositives.from_pairs(*data.train, data.num_users, data.num_items)
     for path in args.checkpoints:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-        lam = batch_lambdas(checkpoint, users_all, known)
+        lam = batch_lambdas(checkpoint, data, known)
         print(f"{path}: epoch {checkpoint['epoch']}, lambda over {lam.numel()} batches: "
               f"mean {lam.mean():.4f}, min {lam.min():.4f}, max {lam.max():.4f}")
 
