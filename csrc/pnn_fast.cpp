@@ -74,10 +74,14 @@ TORCH_LIBRARY(pnn_fast, m) {
       "class_terms_bwd(Tensor grad_rank, Tensor grad_constrain, Tensor user_emb, Tensor pos_emb, Tensor neutral, "
       "Tensor negative, Tensor noise_pos, Tensor noise_neg, Tensor valid, Tensor num_negative) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
-  // log mean_{i != j} exp(-t ||x_i - x_j||^2) of x [n, d]: a 0-dim tensor (0 when n < 2)
-  m.def("pairwise_uniformity_fwd(Tensor x, float t) -> (Tensor, Tensor)");
-  // grad_x [n, d] given the 0-dim grad and the forward's output
-  m.def("pairwise_uniformity_bwd(Tensor grad, Tensor x, float t, Tensor total) -> Tensor");
+  // log mean_{i != j} exp(-t ||x_i - x_j||^2) of x [n, d]: a 0-dim tensor (0 when n < 2), the float64
+  // log-sum-exp over all ordered pairs, and with `save` (CPU only) the pairs' exponentials for the
+  // backward: each row's max m_i [n] and exp(l_ij - m_i) over j > i packed row after row
+  // [n (n - 1) / 2], in x's accumulation dtype (both empty without `save`)
+  m.def("pairwise_uniformity_fwd(Tensor x, float t, bool save) -> (Tensor, Tensor, Tensor, Tensor)");
+  // grad_x [n, d] given the 0-dim grad and the forward's outputs (empty saved ones: computed again)
+  m.def("pairwise_uniformity_bwd(Tensor grad, Tensor x, float t, Tensor total, Tensor saved_row_max, "
+        "Tensor saved_exps) -> Tensor");
 
   // Table lookups of a training step (the sampler, BPR and RecBole's L2 term).
   // int64 [B, K]: for float32 uniform [B, K] in [0, 1), the floor(u * (num_items - N_u))-th item not known to users[b]

@@ -4,6 +4,8 @@ tests/batches.py (exact grids and continuous float64; float32, float64 and half 
 shared and per-row candidates; CPU and CUDA); and the reference's own tie rule."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -251,17 +253,33 @@ def test_half_precision_accumulates_in_float32(dtype):
                                rtol=2 * eps, atol=0)
 
 
+def largest_allocation(step) -> int:
+    """The largest single CPU allocation (bytes) while ``step()`` runs, from torch.profiler, which
+    records every allocation of ATen and of the kernels."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    return max(event.cpu_memory_usage for event in prof.events())
+
+
 @requires_kernels
-def test_no_batch_by_batch_buffer():
-    """At B = 2048 (shared candidates) no single allocation of the fused path reaches a B x B
-    bool matrix: torch.profiler records every CPU allocation of ATen and of the kernels."""
+def test_no_batch_by_batch_buffer(monkeypatch):
+    """At B = 2048 (shared candidates) no single allocation of the row terms reaches a B x B bool
+    matrix.  The uniformity's only quadratic buffer is the forward's saved exponentials, n (n - 1) / 2
+    float32 within their budget; without them (past the budget) it stays below B x B too."""
     rows = 2048
     batch = make_batch(rows, 64, dtype=torch.float32, num_users=1000, num_items=4000, known_per_user=20, seed=23)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        row_terms(fused, batch, "proportional", torch.ones(rows, 3))
+    largest = largest_allocation(lambda: row_terms(fused, batch, "proportional", torch.ones(rows, 3)))
+    assert 0 < largest < rows * rows, f"an op allocated {largest} bytes"
+
+    def uniformity_step():
         x = batch["item_table"][:rows].clone().requires_grad_()
         fused.pairwise_uniformity(x, 2.0).backward()
-    largest = max(event.cpu_memory_usage for event in prof.events())
+
+    # the profiler counts an op's net allocations: the forward's outputs, float32 exponentials
+    # [n (n - 1) / 2] and row maxima [n], the loss (4 bytes) and the float64 total (8)
+    assert largest_allocation(uniformity_step) == 4 * rows * (rows - 1) // 2 + 4 * rows + 4 + 8
+    monkeypatch.setattr(importlib.import_module("pnn_fast.ops.pairwise_uniformity"), "SAVED_PAIRS_BUDGET", 0)
+    largest = largest_allocation(uniformity_step)
     assert 0 < largest < rows * rows, f"an op allocated {largest} bytes"
 
 

@@ -69,10 +69,17 @@ __global__ void uniformity_weights_kernel(acc_t* tile, int64_t row0, int64_t n, 
   if (threadIdx.x == 0) weight_sums[i] = sum;
 }
 
-std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cuda(const at::Tensor& x, double t) {
+// The CUDA backward computes its weights again: nothing is saved.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pairwise_uniformity_fwd_cuda(const at::Tensor& x, double t,
+                                                                                        bool save) {
+  TORCH_CHECK(!save, kUniformityFwd, ": save is for the CPU kernels only");
   const at::Tensor points = prepare_points(kUniformityFwd, x, t);
   const int64_t n = points.size(0), d = points.size(1);
-  if (n < 2) return empty_uniformity_outputs(x);
+  const at::Tensor nothing = at::empty({0}, x.options().dtype(opmath_dtype(x.scalar_type())));
+  if (n < 2) {
+    const auto [value, total] = empty_uniformity_outputs(x);
+    return {value, total, nothing, nothing};
+  }
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor row_lse = at::empty({n}, x.options().dtype(at::kDouble));
   PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityFwd, [&] {
@@ -86,11 +93,13 @@ std::tuple<at::Tensor, at::Tensor> pairwise_uniformity_fwd_cuda(const at::Tensor
                                              row_lse.data_ptr<double>());
                                });
   });
-  return uniformity_outputs(at::logsumexp(row_lse, {0}), 1.0, points);
+  const auto [value, total] = uniformity_outputs(at::logsumexp(row_lse, {0}), 1.0, points);
+  return {value, total, nothing, nothing};
 }
 
-at::Tensor pairwise_uniformity_bwd_cuda(const at::Tensor& grad, const at::Tensor& x, double t,
-                                        const at::Tensor& total) {
+at::Tensor pairwise_uniformity_bwd_cuda(const at::Tensor& grad, const at::Tensor& x, double t, const at::Tensor& total,
+                                        const at::Tensor& /*saved_row_max*/, const at::Tensor& saved_exps) {
+  TORCH_CHECK(saved_exps.numel() == 0, kUniformityBwd, ": saved exponentials are for the CPU kernels only");
   const at::Tensor points = prepare_points(kUniformityBwd, x, t);
   TORCH_CHECK(grad.numel() == 1 && total.numel() == 1, kUniformityBwd, ": grad and total must be scalars");
   check_same_device(kUniformityBwd, points, "x", grad, "grad");

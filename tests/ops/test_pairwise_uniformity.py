@@ -3,6 +3,8 @@ of rows): value and gradient against the reference and against the difference fo
 scales, float32, CUDA against CPU, gradcheck, opcheck, and bad input."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -99,15 +101,74 @@ def test_pairwise_uniformity_gradcheck(device, scale):
 
 
 def opcheck_cases(device: str) -> list:
-    """(op, args) for each schema of this op, the forward with and without an x requiring grad."""
-    x = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
-    _, total = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0)
+    """(op, args) for each schema of this op, the forward with and without an x requiring grad, and
+    on the CPU with and without the saved exponentials."""
+    x = torch.randn(40, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     grad = torch.tensor(0.5, dtype=torch.float64, device=device)
-    return [
-        (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x, 2.0]),
-        (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x.clone().requires_grad_(), 2.0]),
-        (torch.ops.pnn_fast.pairwise_uniformity_bwd.default, [grad, x, 2.0, total]),
-    ]
+    cases = []
+    for save in (False, True) if device == "cpu" else (False,):
+        _, total, row_max, exps = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0, save)
+        cases += [
+            (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x, 2.0, save]),
+            (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x.clone().requires_grad_(), 2.0, save]),
+            (torch.ops.pnn_fast.pairwise_uniformity_bwd.default, [grad, x, 2.0, total, row_max, exps]),
+        ]
+    return cases
+
+
+def pair_logits(x: torch.Tensor, t: float) -> torch.Tensor:
+    """l_ij = -t ||x_i - x_j||^2 in float64 from the differences ([n, n, d] memory: tests only)."""
+    x = x.double()
+    return -t * (x[:, None, :] - x[None, :, :]).pow(2).sum(dim=-1)
+
+
+@pytest.mark.parametrize("n", [2, 33, 200])
+def test_saved_exponentials_are_each_rows_pairs_behind_its_max(n):
+    """With save, the forward returns m_i = max_{j > i} l_ij and exp(l_ij - m_i) over j > i, packed
+    row after row: checked against float64 logits from the differences."""
+    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(n))
+    _, _, row_max, exps = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0, True)
+    assert row_max.shape == (n,) and exps.shape == (n * (n - 1) // 2,) and exps.dtype == torch.float32
+    logits = pair_logits(x, 2.0)
+    upper = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    want_max = logits.masked_fill(~upper, float("-inf")).amax(dim=1)
+    torch.testing.assert_close(row_max.double(), want_max, rtol=1e-5, atol=1e-5)
+    want = (logits - want_max[:, None]).exp()[upper]  # row-major: row i's pairs j > i in order
+    torch.testing.assert_close(exps.double(), want, rtol=1e-4, atol=1e-6)
+    _, _, no_max, no_exps = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0, False)
+    assert no_max.numel() == 0 and no_exps.numel() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_saved_exponentials_give_the_recomputed_gradient_bit_for_bit(dtype, monkeypatch):
+    """The backward from the forward's saved exponentials and the backward that computes them again
+    (rows past the budget) give the same bits, on 1 and 2 threads, with a partial last block."""
+    module = importlib.import_module("pnn_fast.ops.pairwise_uniformity")  # the package exports the function
+
+    x = torch.randn(101, 19, dtype=dtype, generator=torch.Generator().manual_seed(7))
+
+    def gradient(budget):
+        monkeypatch.setattr(module, "SAVED_PAIRS_BUDGET", budget)
+        xr = x.clone().requires_grad_()
+        assert module.saves_pairs(xr) == (budget > 0)
+        value = ops.pairwise_uniformity(xr, 2.0)
+        return value, torch.autograd.grad(value, xr)[0]
+
+    for threads in (1, 2):
+        (saved_value, saved_grad), = under_thread_counts((threads,), lambda: gradient(1 << 23))
+        (value, grad), = under_thread_counts((threads,), lambda: gradient(0))
+        assert torch.equal(saved_value, value) and torch.equal(saved_grad, grad)
+        assert grad.abs().max() > 0
+
+
+def test_malformed_saved_exponentials_are_a_clear_error():
+    x = torch.randn(10, 3)
+    _, total, row_max, exps = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0, True)
+    grad = torch.tensor(1.0)
+    with pytest.raises(RuntimeError, match="saved_row_max and saved_exps must be the forward's"):
+        torch.ops.pnn_fast.pairwise_uniformity_bwd(grad, x, 2.0, total, row_max, exps[:-1])
+    with pytest.raises(RuntimeError, match="saved_row_max and saved_exps must be the forward's"):
+        torch.ops.pnn_fast.pairwise_uniformity_bwd(grad, x, 2.0, total, row_max.double(), exps)
 
 
 def test_bad_input_is_a_clear_error():
