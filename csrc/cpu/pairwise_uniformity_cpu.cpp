@@ -7,7 +7,6 @@
 // n (n - 1) / 2 exponentials kept for the backward (which otherwise computes them again).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/mm.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -253,14 +252,14 @@ at::Tensor pairwise_uniformity_bwd_cpu(const at::Tensor& grad, const at::Tensor&
       const auto block_grad = [&](int64_t block) {
         const int64_t i0 = block * kBlockRows, rows = std::min(kBlockRows, n - i0), columns = n - i0 - 1;
         if (columns == 0) return;  // the last point alone: its pairs are in earlier blocks
-        const int64_t first = triangle_offset(n, i0), entries = triangle_offset(n, i0 + rows) - first;
+        const int64_t first = triangle_offset(n, i0);
         const acc_t* exps;
         const acc_t* row_max;
         if (saved) {
           exps = saved_exps.data_ptr<acc_t>() + first;
           row_max = saved_row_max.data_ptr<acc_t>() + i0;
         } else {
-          const at::Tensor out = scratch.narrow(0, 0, entries);
+          const at::Tensor out = scratch.narrow(0, 0, triangle_offset(n, i0 + rows) - first);
           block_exponentials(tiles, p, n, d, i0, rows, static_cast<acc_t>(-t), dist, xi, out, recomputed_max);
           exps = out.data_ptr<acc_t>();
           row_max = recomputed_max;
