@@ -161,6 +161,23 @@ def test_saved_exponentials_give_the_recomputed_gradient_bit_for_bit(dtype, monk
         assert grad.abs().max() > 0
 
 
+def test_backward_allocates_nothing_of_the_saved_triangles_size():
+    """The forward's saved exponentials are outputs that need no gradient; autograd must not hand the
+    backward a zero tensor of their size (a fill of the whole triangle on every step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n, dim = 300, 8
+    x = torch.randn(n, dim, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    value = ops.pairwise_uniformity(x, 2.0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        value.backward()
+    triangle_bytes = 4 * n * (n - 1) // 2
+    largest = max(event.cpu_memory_usage for event in prof.events())
+    # the backward's own buffers are O(n d) and a [32, n - 1] block of weights, far below the triangle
+    assert 0 < largest < triangle_bytes // 2, f"the backward allocated {largest} bytes at once"
+    assert x.grad.abs().max() > 0
+
+
 def test_malformed_saved_exponentials_are_a_clear_error():
     x = torch.randn(10, 3)
     _, total, row_max, exps = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0, True)
