@@ -18,6 +18,23 @@ def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
     return x + torch.log(-torch.expm1(-x))
 
 
+def _distinct_ids(ids: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(ids, return_inverse=True)`` for ids in [0, size), by a presence mask and its
+    running count: O(size + ids.numel()) with no sort.  The history of an ML-1M step holds about
+    86,000 ids, whose sort cost about 0.7 ms of a 34 ms step at 1 thread (torch.profiler).
+
+    Args:
+        ids: int64 [...], every entry in [0, size).
+    Returns:
+        ``(distinct int64 [n], inverse int64 of ids' shape)``, distinct ascending and
+        ``distinct[inverse] == ids``.
+    """
+    present = torch.zeros(size, dtype=torch.bool, device=ids.device)
+    present[ids.reshape(-1)] = True
+    position = torch.cumsum(present, dim=0) - 1
+    return present.nonzero().squeeze(1), position[ids]
+
+
 class UserAwareAttention(nn.Module):
     """lambda_u = sigmoid(w1 . sum_h a_h e_h / T), a = softmax_h(e_u . tanh(W2 e_h + b)).
 
@@ -59,7 +76,7 @@ class UserAwareAttention(nn.Module):
         unique_users, row_of = torch.unique(users, return_inverse=True)
         items, mask = sample_history(known, unique_users, self.history_len, backend)
         # the key and <e_h, w1> depend on the item only: evaluate them once per distinct history item
-        hist_items, hist_of = torch.unique(items, return_inverse=True)
+        hist_items, hist_of = _distinct_ids(items, item_table.shape[0])
         hist_rows = item_table[hist_items]
         keys = torch.tanh(hist_rows @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
         slots = hist_of[row_of]  # [B, L]: each row's history as indices into hist_items
