@@ -22,7 +22,8 @@ from batches import requires_kernels
 pytestmark = requires_kernels
 
 # Inputs cover the tile shapes: shared lists of 203 (three full tiles of 64 and a last one of 11)
-# and 197 candidates (a last tile of 5, evaluated on 8 lanes), per-row lists of 70, odd dims, row
+# and 197 candidates (a last tile of 5, evaluated on 8 lanes), per-row lists of 70, odd dims (130:
+# two of class_centroids' 64-column sum blocks and a tail), row
 # counts that are not multiples of the 4 (AVX-512) or 2 (AVX2) rows scored together, and
 # continuous embeddings.
 OUTPUTS_SCRIPT = r"""
@@ -37,6 +38,7 @@ torch.set_num_threads(1)
 out = {}
 for name, rows, dim, per_row, dtype in (("shared203", 203, 37, None, torch.float32),
                                          ("shared197", 197, 64, None, torch.float64),
+                                         ("shared150", 150, 130, None, torch.float32),
                                          ("per_row70", 61, 19, 70, torch.float32)):
     batch = make_batch(rows, dim, per_row=per_row, dtype=dtype, grid=False, num_items=600, seed=5)
     args = row_args(batch)
