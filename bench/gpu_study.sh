@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # Trains study cells on the device machine for a fixed time and brings back everything the study
 # folder holds (results, summaries, and the checkpoints of the cells it had to stop), so that the
-# next device session resumes them: the in-batch PNN cells of the paper's protocol take hours on
-# this project's 2-core machine and minutes on a GPU.
+# next device session resumes them: a LightGCN cell on Gowalla takes hours on this project's
+# 2-core machine and minutes on a GPU.
 #
 # Here, before the device call (../shared does not travel; bench/.data is git-ignored):
-#   mkdir -p bench/.data && cp -r ../shared/data/ml-1m-full bench/.data/
+#   mkdir -p bench/.data && cp -r ../shared/data/gowalla bench/.data/
 #   # after an earlier device session, its tar, so that its cells resume:
-#   cp <files_at>/gpu-table2-ml1m-full.tar bench/.data/
+#   cp <files_at>/gpu-lightgcn-gowalla.tar bench/.data/
 # The device call (carry ["bench/.data"]):
-#   JOBS=4 bash bench/gpu_study.sh studies/gpu-table2-ml1m-full.toml '*/pnn/*' 300
+#   JOBS=8 bash bench/gpu_study.sh studies/gpu-lightgcn-gowalla.toml '*' 480
 # Back here:
-#   tar -xf <files_at>/gpu-table2-ml1m-full.tar -C studies   # results.json and summaries are committed,
-#   cp <files_at>/gpu-table2-ml1m-full.tar bench/.data/       # checkpoints are not (git ignores them)
+#   tar -xf <files_at>/gpu-lightgcn-gowalla.tar -C studies   # results.json and summaries are committed,
+#   cp <files_at>/gpu-lightgcn-gowalla.tar bench/.data/       # checkpoints are not (git ignores them)
 #
 # Arguments: the plan, an --only pattern (dataset/model/config/seedN) and the seconds to train
 # (default 300); the running cells are stopped at the deadline with SIGINT, each losing at most its
 # epoch in progress. JOBS (default 1) trains that many cells at once, each in its own process on
-# the one GPU: an MF cell leaves most of an H100 idle, and a device session has minutes, not hours.
+# the one GPU: one cell leaves most of an H200 idle, and a device session has minutes, not hours.
 # STUDY_FOLDER overrides the study's folder (default studies/<the plan's study.name>), RESUME_TAR
 # the earlier session's tar (default bench/.data/<study.name>.tar).
 set -uo pipefail
