@@ -89,6 +89,15 @@ def same_weights(source, target_class, config, data):
     return target
 
 
+def rows_and_table(reference, users):
+    """The batch's user rows and the whole item table as RecBole's own model computes them: MF's
+    embeddings as they are, LightGCN's after propagation (item row 0 is RecBole's padding)."""
+    if isinstance(reference, LightGCN):
+        user_all, item_all = reference.forward()
+        return user_all[users], item_all
+    return reference.get_user_embedding(users), reference.item_embedding.weight
+
+
 # ---- (a) the models' loss is pnn_fast's loss ------------------------------------------------------
 
 def test_models_are_recboles_with_only_the_loss_replaced():
@@ -123,11 +132,7 @@ def test_pnn_calculate_loss_is_pnnloss(recbole_data, model_class, base, reg_weig
     loss_fn = PNNLoss(known_from_inter(recbole_data), config["embedding_size"], alpha=0.7, beta=0.5,
                       noise_max=0.05, history_len=20)
     loss_fn.load_state_dict(model.pnn_loss.state_dict())  # the attention's weights
-    if base is BPR:
-        user_rows, item_table = reference.get_user_embedding(users), reference.item_embedding.weight
-    else:
-        user_all, item_all = reference.forward()
-        user_rows, item_table = user_all[users], item_all
+    user_rows, item_table = rows_and_table(reference, users)
     torch.manual_seed(7)
     expected = loss_fn(user_rows, item_table[1:], users, items - 1)  # item ids past RecBole's padding 0
     if base is LightGCN and reg_weight:  # LightGCN's own L2 term, on the users' and positives' ego embeddings
@@ -157,11 +162,7 @@ def test_dns_calculate_loss_is_dnsloss(recbole_data, model_class, base):
     batch = a_batch(recbole_data)
     users, items = batch[model.USER_ID], batch[model.ITEM_ID]
     known = known_from_inter(recbole_data)
-    if base is BPR:
-        user_rows, item_table = reference.get_user_embedding(users), reference.item_embedding.weight
-    else:
-        user_all, item_all = reference.forward()
-        user_rows, item_table = user_all[users], item_all
+    user_rows, item_table = rows_and_table(reference, users)
     torch.manual_seed(7)
     neg = sample_unknown(known, users, 5)  # 5 uniform unknown items per row (never RecBole's padding item)
     assert neg.shape == (len(users), 5) and not known.contains(users[:, None], neg).any()
