@@ -430,18 +430,20 @@ def _finite(x: float) -> float | None:
 
 def _versus(runs: dict, baseline_runs: dict, metric: str) -> dict:
     """A config against a baseline on ``metric``, from {seed: results}: the lift of the mean in %, and over
-    the seeds both have finished, the paired two-sided t-test and the 95% confidence interval of the mean
-    paired difference, in % of the baseline's mean over those seeds (t, p and the interval None below two
-    pairs). The interval is what says a lift is excluded, such as the 3% issue 14 asks for, where p can
-    only say that no difference was found."""
+    the seeds both have finished, the paired lift (the mean paired difference in % of the baseline's mean
+    over those seeds: the centre of the interval, and the lift itself when both finished the same seeds),
+    the paired two-sided t-test and the 95% confidence interval of the paired lift (t, p and the interval
+    None below two pairs). The interval is what says a lift is excluded, such as the 3% issue 14 asks for,
+    where p can only say that no difference was found."""
     from scipy.stats import ttest_rel
 
     mean, baseline_mean = (_mean([r["test"][metric] for r in rs.values()]) for rs in (runs, baseline_runs))
     lift = 100 * (mean - baseline_mean) / baseline_mean if mean is not None and baseline_mean else None
     paired = sorted(set(runs) & set(baseline_runs))
+    values, baseline = (np.array([rs[s]["test"][metric] for s in paired]) for rs in (runs, baseline_runs))
+    paired_lift = 100 * float((values - baseline).mean() / baseline.mean()) if paired and baseline.mean() else None
     t = p = interval = None
     if len(paired) >= 2:
-        values, baseline = (np.array([rs[s]["test"][metric] for s in paired]) for rs in (runs, baseline_runs))
         with warnings.catch_warnings():  # equal pairs: NaN with a warning; reported as None
             warnings.simplefilter("ignore", RuntimeWarning)
             test = ttest_rel(values, baseline)
@@ -449,7 +451,8 @@ def _versus(runs: dict, baseline_runs: dict, metric: str) -> dict:
         t, p = _finite(test.statistic), _finite(test.pvalue)
         if baseline.mean() and math.isfinite(low) and math.isfinite(high):
             interval = [100 * float(low) / baseline.mean(), 100 * float(high) / baseline.mean()]
-    return {"lift_percent": lift, "ci95_percent": interval, "t": t, "p": p, "pairs": len(paired)}
+    return {"lift_percent": lift, "paired_lift_percent": paired_lift, "ci95_percent": interval, "t": t, "p": p,
+            "pairs": len(paired)}
 
 
 def _cell_status(folder: Path) -> dict:
@@ -516,18 +519,21 @@ def _number(x: float | None, spec: str = ".4f") -> str:
 def _versus_text(comparison: dict) -> str:
     if comparison["lift_percent"] is None:
         return "—"
-    interval = comparison["ci95_percent"]
+    lift, paired_lift, interval = (comparison[k] for k in ("lift_percent", "paired_lift_percent", "ci95_percent"))
+    # where the seeds differ, the interval is centred on the paired lift, not on the lift of the means
+    paired = (f"paired {paired_lift:+.4f}%, " if paired_lift is not None and f"{paired_lift:+.4f}" != f"{lift:+.4f}"
+              else "")
     ci = f"95% CI [{interval[0]:+.2f}%, {interval[1]:+.2f}%], " if interval is not None else ""
-    return (f"{comparison['lift_percent']:+.4f}% ({ci}t {_number(comparison['t'])}, "
+    return (f"{lift:+.4f}% ({paired}{ci}t {_number(comparison['t'])}, "
             f"p {_number(comparison['p'], '.3g')}, n {comparison['pairs']})")
 
 
 LEGEND = """\
 seeds: finished / planned. recall@20, ndcg@20: mean ± sample std (ddof 1) over the finished seeds of the test
-metric at the best validation epoch. "X vs B": lift of the mean of X over config B's mean, in %; 95% CI: the
-confidence interval of the mean paired difference over the n seeds both have finished, in % of B's mean over them
-(Student's t, n - 1 degrees of freedom); t and p: paired two-sided t-test (scipy.stats.ttest_rel) over those seeds
-(— below 2 pairs). s/epoch: mean
+metric at the best validation epoch. "X vs B": lift of the mean of X over config B's mean, in %; paired (shown
+where X and B finished different seeds): the mean paired difference over the n seeds both have finished, in % of
+B's mean over them; 95% CI: its confidence interval (Student's t, n - 1 degrees of freedom); t and p: paired
+two-sided t-test (scipy.stats.ttest_rel) over those seeds (— below 2 pairs). s/epoch: mean
 training seconds per epoch; best epoch: mean epoch of the best validation score (epochs to converge)."""
 
 

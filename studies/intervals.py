@@ -5,10 +5,11 @@ with its 95% confidence interval, and whether the interval clears a lift, or exc
         [--baseline dns] [--bar 3] [--metric ndcg@20] [--match 'pnn*' --match 'sl-*']
 
 Prints one markdown table, a row per (study, dataset, model, config) paired with the baseline, in the
-summaries' order. ``clears`` means the whole interval lies at or above ``--bar`` percent;
-``excluded`` that it lies below it, so that the seeds rule such a lift out (at 95%); ``open``
-otherwise. The intervals are ``pnn_fast.study``'s (Student's t over the seeds both finished, in % of
-the baseline's mean over them); rows with fewer than two pairs are skipped.
+summaries' order: the paired lift over the seeds both finished, on which the interval is centred.
+``clears`` means the whole interval lies at or above ``--bar`` percent; ``excluded`` that it lies
+below it, so that the seeds rule such a lift out (at 95%); ``open`` otherwise. The intervals are
+``pnn_fast.study``'s (Student's t over the seeds both finished, in % of the baseline's mean over
+them); rows with fewer than two pairs are skipped.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
             low, high = c["ci95_percent"]
             p = "—" if c["p"] is None else f"{c['p']:.2g}"
             print(f"| {study} | {group['dataset']} · {group['model']} | {group['config']} | {c['pairs']} "
-                  f"| {c['lift_percent']:+.2f}% | [{low:+.2f}%, {high:+.2f}%] | {p} "
+                  f"| {c['paired_lift_percent']:+.2f}% | [{low:+.2f}%, {high:+.2f}%] | {p} "
                   f"| {verdict(c['ci95_percent'], args.bar)} |")
 
 

@@ -109,12 +109,20 @@ def test_every_cell_finishes_and_the_summary_matches_a_recomputation(finished_st
                                         for s in paired])
                 half = student_t.ppf(0.975, len(paired) - 1) * differences.std(ddof=1) / np.sqrt(len(paired))
                 scale = 100 / np.mean([runs[baseline][s]["test"][metric] for s in paired])
+                assert comparison[metric]["paired_lift_percent"] == pytest.approx(scale * differences.mean())
                 assert comparison[metric]["ci95_percent"] == pytest.approx(
                     [scale * (differences.mean() - half), scale * (differences.mean() + half)])
     markdown = (out / "summary.md").read_text()
     assert "| dns16 | dns | 2/2 |" in markdown and "## syn · mf" in markdown
-    interval = rows["dns16"]["vs"]["bpr"]["ndcg@20"]["ci95_percent"]
-    assert f"95% CI [{interval[0]:+.2f}%, {interval[1]:+.2f}%]" in markdown
+    # dns16 (seeds 1-2) against bpr (seeds 1-3): the lift of the means, then the paired lift that the
+    # interval is centred on; dns against bpr (the same seeds) has one lift, so no "paired"
+    comparison = rows["dns16"]["vs"]["bpr"]["ndcg@20"]
+    interval = comparison["ci95_percent"]
+    assert (f"{comparison['lift_percent']:+.4f}% (paired {comparison['paired_lift_percent']:+.4f}%, "
+            f"95% CI [{interval[0]:+.2f}%, {interval[1]:+.2f}%]") in markdown
+    same_seeds = rows["dns"]["vs"]["bpr"]["ndcg@20"]
+    assert same_seeds["paired_lift_percent"] == pytest.approx(same_seeds["lift_percent"])
+    assert f"{same_seeds['lift_percent']:+.4f}% (95% CI" in markdown
     assert (out / "plots" / "syn.mf.png").stat().st_size > 0
 
 
@@ -300,8 +308,10 @@ def test_the_intervals_script_reads_each_lift_and_its_interval_against_the_bar(f
         lines = {line.split(" | ")[2]: line for line in done.stdout.splitlines()[2:]}
         assert set(lines) == {"dns", "dns16"}  # bpr itself has no row
         c = comparison["dns"]
-        assert lines["dns"] == (f"| tiny | syn · mf | dns | {c['pairs']} | {c['lift_percent']:+.2f}% "
+        assert lines["dns"] == (f"| tiny | syn · mf | dns | {c['pairs']} | {c['paired_lift_percent']:+.2f}% "
                                 f"| [{low:+.2f}%, {high:+.2f}%] | {c['p']:.2g} | {verdict} |")
+        c16 = comparison["dns16"]  # seeds 1-2 against bpr's 1-3: the row gives the interval's centre
+        assert f"| dns16 | {c16['pairs']} | {c16['paired_lift_percent']:+.2f}% |" in lines["dns16"]
     bad = tmp_path / "summary.json"
     bad.write_text("{")
     done = subprocess.run(script[:2] + [str(bad)], capture_output=True, text=True, cwd=ROOT)
