@@ -19,6 +19,7 @@ import torch
 from pnn_fast import _extension
 from pnn_fast.backends import reference
 from pnn_fast.known import KnownPositives
+from pnn_fast.models import build_model
 
 #: skips a whole test module (``pytestmark = requires_kernels``) when the extension is not built
 requires_kernels = pytest.mark.skipif(not _extension.has_kernels("cpu"), reason="pnn_fast._C is not built")
@@ -109,6 +110,23 @@ def bpr_inputs(dtype=torch.float64, device="cpu", rows=64, negatives=3, seed=0):
     pos = torch.randint(0, 30, (rows,), generator=gen).to(device)
     neg = torch.randint(0, 30, (rows, negatives), generator=gen).to(device)
     return user_table, item_table, users, pos, neg
+
+
+def tiny_mf(known: dict, num_items: int, dim: int, seed: int = 0, varied_norms: bool = False):
+    """(KnownPositives, float64 MF model) over ``known`` {user: [items]}, users 0 .. len(known) - 1, with
+    N(0, 1) embeddings; ``varied_norms`` scales each row by a factor in [0.1, 3.1), so that cosine
+    scores differ from dot products."""
+    torch.manual_seed(seed)
+    num_users = len(known)
+    users = torch.tensor([u for u, items in known.items() for _ in items])
+    items = torch.tensor([i for row in known.values() for i in row])
+    model = build_model("mf", num_users, num_items, users, items, dim=dim).double()
+    with torch.no_grad():
+        for table, rows in ((model.user_embedding.weight, num_users), (model.item_embedding.weight, num_items)):
+            table.normal_()
+            if varied_norms:
+                table.mul_(torch.rand(rows, 1, dtype=torch.float64) * 3 + 0.1)
+    return KnownPositives.from_pairs(users, items, num_users, num_items), model
 
 
 def value_and_grads(fn, first, second, *rest):

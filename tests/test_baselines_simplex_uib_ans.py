@@ -5,14 +5,13 @@ import math
 
 import pytest
 import torch
+from batches import tiny_mf
 from conftest import data_path
 from test_train import assert_reaches_bpr, bpr_twin_ndcg, popularity_ndcg
 
 from pnn_fast import _extension
 from pnn_fast.data import load_dataset, synthetic_dataset
 from pnn_fast.eval import evaluate
-from pnn_fast.known import KnownPositives
-from pnn_fast.models import build_model
 from pnn_fast.objectives import build_objective
 from pnn_fast.train import TrainConfig, Trainer, run
 
@@ -26,15 +25,7 @@ KNOWN = {0: [1, 4, 7], 1: [0, 2], 2: [3, 5, 6, 8], 3: [2], 4: [0, 1, 5, 6, 7]}
 
 def tiny(seed=0):
     """(known, float64 MF model) with random embeddings."""
-    torch.manual_seed(seed)
-    users = torch.tensor([u for u, items in KNOWN.items() for _ in items])
-    items = torch.tensor([i for items in KNOWN.values() for i in items])
-    known = KnownPositives.from_pairs(users, items, NUM_USERS, NUM_ITEMS)
-    model = build_model("mf", NUM_USERS, NUM_ITEMS, users, items, dim=DIM).double()
-    with torch.no_grad():
-        model.user_embedding.weight.normal_()
-        model.item_embedding.weight.normal_()
-    return known, model
+    return tiny_mf(KNOWN, NUM_ITEMS, DIM, seed)
 
 
 def tiny_batch(num_negatives, seed=1):

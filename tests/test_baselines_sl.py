@@ -6,16 +6,14 @@ import math
 
 import pytest
 import torch
-from batches import DEVICES
+from batches import DEVICES, tiny_mf
 from conftest import data_path
 from test_train import assert_reaches_bpr, bpr_twin_ndcg, popularity_ndcg
 
 from pnn_fast import SampledSoftmaxLoss, _extension
 from pnn_fast.data import load_dataset
-from pnn_fast.known import KnownPositives
 from pnn_fast.losses import sampled_softmax_loss
 from pnn_fast.sampling import sample_unknown
-from pnn_fast.models import build_model
 from pnn_fast.objectives import build_objective
 from pnn_fast.train import TrainConfig, run
 
@@ -33,15 +31,7 @@ USERS = torch.tensor([0, 2, 4, 1, 2, 3, 4])  # repeated users: their rows and gr
 
 def tiny(seed=0):
     """(known, float64 MF model) with random embeddings of varied norms."""
-    torch.manual_seed(seed)
-    users = torch.tensor([u for u, items in KNOWN.items() for _ in items])
-    items = torch.tensor([i for items in KNOWN.values() for i in items])
-    known = KnownPositives.from_pairs(users, items, NUM_USERS, NUM_ITEMS)
-    model = build_model("mf", NUM_USERS, NUM_ITEMS, users, items, dim=DIM).double()
-    with torch.no_grad():
-        model.user_embedding.weight.normal_().mul_(torch.rand(NUM_USERS, 1, dtype=torch.float64) * 3 + 0.1)
-        model.item_embedding.weight.normal_().mul_(torch.rand(NUM_ITEMS, 1, dtype=torch.float64) * 3 + 0.1)
-    return known, model
+    return tiny_mf(KNOWN, NUM_ITEMS, DIM, seed, varied_norms=True)
 
 
 def positives(users, seed=1):
