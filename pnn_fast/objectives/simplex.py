@@ -204,8 +204,8 @@ class SimpleXObjective(Objective):
             items = self.history[users]                                 # [B, L]
             # the keys (d x d per item) only for the valid slots: a padded [B, L, d] would cost
             # max_u |H_u| per row where the mean row needs |H_u| (Gowalla: about 30x more)
-            row = mask.nonzero(as_tuple=True)[0]                        # [n], row-major like mask
-            valid_items = items[mask]                                   # [n]
+            row, slot = mask.nonzero(as_tuple=True)                     # [n] each, row-major like mask
+            valid_items = items[row, slot]                              # [n]
             keys = torch.tanh(self.W_k(item_table[valid_items]))        # [n, d]
             if aggregator == "user_attention":
                 valid_logits = (keys * user_emb[row]).sum(-1)
@@ -215,9 +215,10 @@ class SimpleXObjective(Objective):
             logits = torch.full(mask.shape, torch.finfo(keys.dtype).min, dtype=keys.dtype, device=keys.device)
             logits = logits.masked_scatter(mask, valid_logits)
             attention = torch.softmax(logits, dim=1).masked_fill(~mask, 0.0)
-            offsets = torch.cumsum(mask.sum(dim=1), 0) - mask.sum(dim=1)  # each row's first valid slot
+            counts = mask.sum(dim=1)
+            offsets = torch.cumsum(counts, 0) - counts                  # each row's first valid slot
             pooled = F.embedding_bag(valid_items, item_table, offsets, mode="sum",
-                                     per_sample_weights=attention[mask])  # an empty row pools to 0
+                                     per_sample_weights=attention[row, slot])  # an empty row pools to 0
         return self.W_v(pooled)
 
     def user_vectors(self, user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
