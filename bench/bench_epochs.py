@@ -29,13 +29,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import threads_fixture
-from pnn_fast.data import load_dataset
+from pnn_fast.data import default_data_dir, load_dataset
 from pnn_fast.objectives import OBJECTIVES
 from pnn_fast.train import TrainConfig, Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
 DATASET = os.environ.get("BENCH_DATASET", "ml-1m")
-DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data")) / DATASET
+DATA = default_data_dir() / DATASET
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 DEVICE = os.environ.get("BENCH_DEVICE", "cpu")

@@ -20,19 +20,17 @@ reference's.  Run as a script for the markdown rows of bench/README.md, or under
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 import pytest
 import torch
 
-from _harness import ROOT, environment, synchronize, time_step
+from _harness import environment, synchronize, time_step
 from pnn_fast import _extension
 from pnn_fast.csr import CSR
-from pnn_fast.data.loaders import load_dataset
+from pnn_fast.data import default_data_dir, load_dataset
 from pnn_fast.eval import CPU_SCORE_TILE, evaluate
 
-DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data"))
+DATA = default_data_dir()
 DATASETS = ("ml-1m", "gowalla")
 USERS_PER_BATCH = 1024
 KS = (10, 20)

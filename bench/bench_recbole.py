@@ -50,12 +50,11 @@ from recbole.utils import init_seed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import threads_fixture
 from pnn_fast import build_info
-from pnn_fast.data import load_dataset
+from pnn_fast.data import default_data_dir, load_dataset
 from pnn_fast.backends import select as select_backend
 from pnn_fast.train import TrainConfig, Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data")) / "ml-1m"
+DATA = default_data_dir() / "ml-1m"
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 BATCH, DIM, LR, SEED = 2048, 64, 1e-3, 2020

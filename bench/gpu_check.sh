@@ -40,9 +40,11 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 DEADLINE_S=${DEADLINE_S:-480}
 PYTHON=${PYTHON:-python}
-# the data: bench/.data on the device machine (copied there, see above), else ../shared/data beside the checkout
+# the data: bench/.data on the device machine (copied there, see above), else the tests' folder
+# (pnn_fast.data.default_data_dir: shared/data beside the checkout, or beside the repository it was cloned from)
 if [[ -z "${PNN_FAST_DATA:-}" ]]; then
-  if [[ -d bench/.data/ml-1m ]]; then PNN_FAST_DATA=$PWD/bench/.data; else PNN_FAST_DATA=$PWD/../shared/data; fi
+  if [[ -d bench/.data/ml-1m ]]; then PNN_FAST_DATA=$PWD/bench/.data
+  else PNN_FAST_DATA=$("$PYTHON" -c 'from pnn_fast.data import default_data_dir; print(default_data_dir())'); fi
 fi
 export PNN_FAST_DATA
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}

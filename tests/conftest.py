@@ -4,7 +4,9 @@ from pathlib import Path
 import pytest
 import torch
 
-DATA_DIR = Path(os.environ.get("PNN_FAST_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
+from pnn_fast.data import default_data_dir
+
+DATA_DIR = default_data_dir()
 
 
 def data_path(name: str) -> Path:

@@ -1,9 +1,10 @@
 """Tests of pnn_fast.data: parsers, filtering, RecBole's split, real data, synthetic data."""
 from __future__ import annotations
 
-import os
 import pickle
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from pnn_fast.data import (
     DataFormatError,
     Dataset,
+    default_data_dir,
     load_dataset,
     random_share_by_user,
     random_split_by_user,
@@ -20,7 +22,7 @@ from pnn_fast.data import (
 )
 from pnn_fast.data.parsers import read_atomic_inter, read_csv, read_lightgcn, read_movielens_dat
 
-DATA = Path(os.environ.get("PNN_FAST_DATA") or Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
+DATA = default_data_dir()
 
 
 def write(folder: Path, name: str, text: str) -> Path:
@@ -429,6 +431,50 @@ def test_random_share_by_user_is_uniform_within_a_user():
     picks = torch.stack([random_share_by_user(users, 1, 0.3, seed) for seed in range(2000)]).double()
     assert torch.equal(picks.sum(1), torch.full((2000,), 3.0))
     assert (picks.mean(0) - 0.3).abs().max() < 0.05  # each interaction about 30% of the time
+
+
+# --------------------------------------------------------------------------- locating the data
+
+
+def git(*args: str, cwd: Path) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def no_data_variable(monkeypatch):
+    monkeypatch.delenv("PNN_FAST_DATA", raising=False)
+
+
+def test_data_dir_variable_wins(tmp_path, monkeypatch):
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    monkeypatch.setenv("PNN_FAST_DATA", str(tmp_path / "elsewhere"))
+    assert default_data_dir(tmp_path / "repo") == tmp_path / "elsewhere"
+
+
+def test_data_dir_beside_the_checkout(tmp_path, no_data_variable):
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "repo").mkdir()
+    assert default_data_dir(tmp_path / "repo") == tmp_path / "shared" / "data"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_data_dir_of_a_throwaway_clone_is_its_origins(tmp_path, no_data_variable):
+    """``git clone /work/main /tmp/ci-check`` (how CI checks a commit) reads /work/shared/data."""
+    origin, data = tmp_path / "work" / "main", tmp_path / "work" / "shared" / "data"
+    data.mkdir(parents=True)
+    origin.mkdir()
+    git("init", "-q", cwd=origin)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x", cwd=origin)
+    git("clone", "-q", str(origin), str(tmp_path / "tmp" / "ci-check"), cwd=tmp_path)
+    assert default_data_dir(tmp_path / "tmp" / "ci-check") == data
+    # a clone of a clone finds nothing beside either, and names the folder beside itself
+    git("clone", "-q", str(tmp_path / "tmp" / "ci-check"), str(tmp_path / "other" / "again"), cwd=tmp_path)
+    assert default_data_dir(tmp_path / "other" / "again") == tmp_path / "other" / "shared" / "data"
+
+
+def test_data_dir_outside_any_repository(tmp_path, no_data_variable):
+    (tmp_path / "repo").mkdir()
+    assert default_data_dir(tmp_path / "repo") == tmp_path / "shared" / "data"
 
 
 # --------------------------------------------------------------------------- real data

@@ -11,15 +11,16 @@ import tarfile
 from pathlib import Path
 
 from batches import requires_kernels
+from pnn_fast.data import default_data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def gpu_check_finds_ml1m() -> bool:
     """Whether gpu_check.sh will find ML-1M, by its own rule: $PNN_FAST_DATA when set and not empty,
-    else bench/.data when it holds ml-1m, else ../shared/data; then ml-1m/train.txt under it."""
+    else bench/.data when it holds ml-1m, else default_data_dir(); then ml-1m/train.txt under it."""
     data = os.environ.get("PNN_FAST_DATA") or (
-        ROOT / "bench" / ".data" if (ROOT / "bench" / ".data" / "ml-1m").is_dir() else ROOT.parent / "shared" / "data")
+        ROOT / "bench" / ".data" if (ROOT / "bench" / ".data" / "ml-1m").is_dir() else default_data_dir())
     return (Path(data) / "ml-1m" / "train.txt").exists()
 
 

@@ -6,12 +6,14 @@
 """
 from .dataset import DataFormatError, Dataset
 from .loaders import load_dataset
+from .locate import default_data_dir
 from .split import random_share_by_user, random_split_by_user, split_counts
 from .synthetic import synthetic_dataset
 
 __all__ = [
     "DataFormatError",
     "Dataset",
+    "default_data_dir",
     "load_dataset",
     "random_share_by_user",
     "random_split_by_user",

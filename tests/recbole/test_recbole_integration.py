@@ -30,10 +30,11 @@ from recbole.model.loss import EmbLoss
 from recbole.trainer import Trainer
 
 from pnn_fast import DNSLoss, KnownPositives, PNNLoss, sample_unknown
+from pnn_fast.data import default_data_dir
 from pnn_fast.integrations.recbole import DNSLightGCN, DNSMF, PNNLightGCN, PNNMF, run_recbole
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA_DIR = Path(os.environ.get("PNN_FAST_DATA", ROOT.parent / "shared" / "data"))
+DATA_DIR = default_data_dir()
 EPOCHS, BATCH = 3, 1024  # of each model in (b); Pop needs one epoch. PNN needs the 3rd epoch to pass Pop
 LEARNING_RATE = 1e-2      # RecBole's default 1e-3 needs far more epochs
 README = ROOT / "README.md"
