@@ -1,7 +1,7 @@
 """Forward + backward of the whole PNNLoss (in-batch candidates, d = 64, float32): the reference
 backend against the fused kernels, and on CUDA also torch.compile of the reference.
 
-    pytest bench/bench_pnn_loss.py --benchmark-only        # pytest-benchmark, one row per case
+    pytest bench/bench_pnn_loss.py                         # pytest-benchmark, one row per case
     python bench/bench_pnn_loss.py [--batches 2048 8192] [--threads 2] [--shape ml-1m] [--devices cuda]
                                    [--json rows.json]
     python bench/bench_pnn_loss.py --profile --devices cuda --batches 8192   # where the fused step's time goes
