@@ -36,8 +36,9 @@ def default_data_dir(checkout: Path = _CHECKOUT) -> Path:
     if os.environ.get("PNN_FAST_DATA"):
         return Path(os.environ["PNN_FAST_DATA"])
     beside = checkout.parent / "shared" / "data"
+    if beside.is_dir():  # the usual case: no git process at import of every test and bench module
+        return beside
     origin = _cloned_from(checkout)
-    for candidate in (beside, origin.parent / "shared" / "data" if origin else None):
-        if candidate is not None and candidate.is_dir():
-            return candidate
+    if origin is not None and (origin.parent / "shared" / "data").is_dir():
+        return origin.parent / "shared" / "data"
     return beside
