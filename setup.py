@@ -219,7 +219,18 @@ BUILD_INFO = {
 
 
 class BuildExtensionWithInfo(BuildExtension):
-    """BuildExtension that also writes _build_info.json beside the built _C."""
+    """BuildExtension that also writes _build_info.json beside the built _C, and keeps its objects.
+
+    pip's editable install (``pip install -e``) points build_temp at a fresh temporary folder, so
+    every install recompiled every kernel (8 minutes on two cores with the CUDA variant), even the
+    second of the README's two commands right after the first. The objects go to build/ in the
+    checkout instead, where ninja reuses those whose sources, headers (its depfiles) and compile
+    command are unchanged, and rebuilds the rest.
+    """
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = str(ROOT / "build" / "objects")
 
     def info_path(self) -> Path:
         return Path(self.get_ext_fullpath(extension.name)).parent / "_build_info.json"
