@@ -217,6 +217,26 @@ def test_every_cuda_op_file_is_in_the_cuda_translation_unit():
     assert sorted(listed) == sorted(p.name for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
 
 
+@compiled
+def test_the_build_keeps_its_objects_in_the_checkout():
+    """`pip install -e` compiles in a new temporary folder unless setup.py moves build_temp, and then
+    the README's second install recompiled every kernel: the build that made this _C must have left
+    an object for each of its sources under build/objects, where the next build reuses them."""
+    library = Path(importlib.util.find_spec("pnn_fast._C").origin)
+    if library.parent != ROOT / "pnn_fast":
+        pytest.skip(f"pnn_fast._C ({library}) was not built in this checkout")
+    objects = ROOT / "build" / "objects"
+    sources = [p for folder in ("csrc", "csrc/common", "csrc/cpu") for p in (ROOT / folder).glob("*.cpp")]
+    if build_info()["with_cuda"]:
+        sources.append(ROOT / "csrc" / "cuda_ops.cu")
+    # torch's ninja build names an object after its source's path: csrc/cpu/x.cpp -> csrc/cpu/x.o,
+    # csrc/cuda_ops.cu -> csrc/cuda_ops.o
+    missing = [str(p.relative_to(ROOT)) for p in sources
+               if not list((objects / p.parent.relative_to(ROOT)).glob(f"{p.stem}.*o"))]
+    assert not missing, (f"no object under {objects} for {missing}: reinstall "
+                         "(pip install --no-build-isolation -e .)")
+
+
 #: C++20 library names: torch before 2.13 builds extensions as C++17 (the GPU machine's 2.11 did, and
 #: std::bit_width broke its build while this machine's torch 2.14, which builds as C++20, compiled it)
 CXX20_ONLY = re.compile(r"#include <(bit|span|ranges|numbers|concepts|compare|format|source_location)>|"
