@@ -222,7 +222,7 @@ class BuildExtensionWithInfo(BuildExtension):
     """BuildExtension that also writes _build_info.json beside the built _C, and keeps its objects.
 
     pip's editable install (``pip install -e``) points build_temp at a fresh temporary folder, so
-    every install recompiled every kernel (8 minutes on two cores with the CUDA variant), even the
+    every install recompiled every kernel (most of an install's time with the CUDA variant), even the
     second of the README's two commands right after the first. The objects go to build/ in the
     checkout instead, where ninja reuses those whose sources, headers (its depfiles) and compile
     command are unchanged, and rebuilds the rest.
