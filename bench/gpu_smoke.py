@@ -28,6 +28,7 @@ from pnn_fast import ops  # noqa: E402
 from pnn_fast.backends import reference  # noqa: E402
 from pnn_fast.csr import CSR  # noqa: E402
 from pnn_fast.losses import PNNLoss  # noqa: E402
+from pnn_fast.models.graph import layer_mean  # noqa: E402
 
 #: above the largest shared candidate list a CUDA block caches (57,826 float32 keys and indices on
 #: an H100, see the shared-memory budget in csrc/cuda)
@@ -107,7 +108,8 @@ def row_ops(batch: dict) -> None:
 
 def table_ops(device: str) -> None:
     """embedding_bpr, gathered_dots, gathered_norm (fwd + bwd), pairwise_uniformity (fwd + bwd), unit_rows
-    (fwd + bwd), unknown_items and history_sample, each against its definition in plain torch."""
+    (fwd + bwd), csr_spmm (LightGCN's layer mean, fwd + bwd), unknown_items and history_sample, each
+    against its definition in plain torch."""
     gen = torch.Generator().manual_seed(3)
     users_n, items_n, d, rows, k = 50, 80, 24, 64, 5
     user_table = torch.randn(users_n, d, generator=gen).to(device).requires_grad_()
@@ -141,6 +143,11 @@ def table_ops(device: str) -> None:
     weights = torch.randn(items_n, d, generator=gen).to(device)
     want = grads((torch.nn.functional.normalize(item_table, dim=-1) * weights).sum())
     close("unit_rows", grads((ops.unit_rows(item_table) * weights).sum()), want, rtol=1e-4, atol=1e-5)
+    half = (torch.rand(items_n, items_n, generator=gen) < 0.1) * torch.rand(items_n, items_n, generator=gen)
+    symmetric = ((half + half.T) / items_n).to(device)  # the rows of a normalised adjacency sum to about 1
+    want = grads((sum(torch.linalg.matrix_power(symmetric, p) for p in range(3)) @ item_table / 3 * weights).sum())
+    got = grads((layer_mean(symmetric.to_sparse_csr(), item_table, 2, backend=device) * weights).sum())
+    close("csr_spmm (layer_mean)", got, want, rtol=1e-4, atol=1e-5)
 
     batch = make_batch(rows, 8, dtype=torch.float32, num_items=items_n, seed=5, device=device)
     known, uniform = batch["known"], torch.rand(rows, 16, generator=gen).to(device)
@@ -203,7 +210,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also torch.compile(PNNLoss) against eager")
     args = parser.parse_args()
     called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "class_terms", "embedding_bpr",
-              "gathered_dots", "gathered_norm", "pairwise_uniformity", "unit_rows", "unknown_items", "history_sample",
+              "gathered_dots", "gathered_norm", "pairwise_uniformity", "unit_rows", "csr_spmm", "unknown_items",
+              "history_sample",
               "masked_topk", "rows_contain", "lowest_k_mask"}
     missing = registered_ops(args.device) - called
     if missing:

@@ -5,6 +5,7 @@
 #include "cuda/class_centroids_cuda.cu"
 #include "cuda/class_terms_cuda.cu"
 #include "cuda/count_unlabeled_cuda.cu"
+#include "cuda/csr_spmm_cuda.cu"
 #include "cuda/embedding_bpr_cuda.cu"
 #include "cuda/gathered_dots_cuda.cu"
 #include "cuda/gathered_norm_cuda.cu"

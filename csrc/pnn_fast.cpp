@@ -122,6 +122,13 @@ TORCH_LIBRARY(pnn_fast, m) {
   // each row sorted ascending (the evaluator's relevance of the ranked items)
   m.def("rows_contain(Tensor indptr, Tensor indices, Tensor rows, Tensor columns) -> Tensor");
 
+  // [n, d] in x's dtype: (addend + A @ x) / divisor for the CSR matrix A (indptr [n + 1], indices [nnz]
+  // < m, values [nnz]), x [m, d] and addend [n, d] (none: 0), each row's products summed in stored
+  // order (the graph models' propagation).  Not differentiable: models/graph.py's layer_mean and
+  // sparse_matmul give the backward as products of the transpose
+  m.def("csr_spmm(Tensor indptr, Tensor indices, Tensor values, Tensor x, Tensor? addend=None, float divisor=1.0) "
+        "-> Tensor");
+
   // bool [B, K]: whether scores[b, j] is among the k[b] lowest of its row (0 <= k[b] <= K), in
   // torch.sort's order with equal scores by ascending column: a stable argsort's first k[b] (SL's
   // split of its sampled negatives into PNN's classes)

@@ -18,7 +18,7 @@ from ..ops import (embedding_bpr, gathered_dots, gathered_norm, history_sample, 
                   pairwise_uniformity, rows_contain, unit_rows, unknown_items)
 from .rows import NegSize, dot, gather_rows, negative_class_size
 
-__all__ = ["embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample", "lowest_k_mask",
+__all__ = ["csr_spmm", "embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample", "lowest_k_mask",
            "masked_topk", "pairwise_uniformity", "pnn_row_terms", "rows_contain", "unit_rows", "unknown_items"]
 
 
@@ -31,6 +31,12 @@ def _bpr(user_emb, item_table, pos_items, candidates, hard):
     hard_score = dot(user_emb, gather_rows(item_table, hard_items))
     bpr = torch.where(hard >= 0, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
     return bpr, pos_emb
+
+
+def csr_spmm(adj: torch.Tensor, x: torch.Tensor, addend: torch.Tensor | None = None, divisor: float = 1.0) -> torch.Tensor:
+    """``(addend + adj @ x) / divisor`` in one pass (the ``csr_spmm`` op); see
+    :func:`pnn_fast.backends.reference.csr_spmm` (same arguments)."""
+    return ops.csr_spmm(adj.crow_indices(), adj.col_indices(), adj.values(), x, addend, divisor)
 
 
 def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,

@@ -246,6 +246,14 @@ def lowest_k_mask(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return rank < k[:, None]
 
 
+def csr_spmm(adj: torch.Tensor, x: torch.Tensor, addend: torch.Tensor | None = None, divisor: float = 1.0) -> torch.Tensor:
+    """``(addend + adj @ x) / divisor``, torch's product: sparse CSR adj [n, m], x float [m, d], addend [n, d] or None -> [n, d]."""
+    product = adj @ x
+    if addend is not None:
+        product = addend + product
+    return product / divisor if divisor != 1 else product
+
+
 def gathered_norm(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """||table[ids]||_F, the Frobenius norm of the gathered rows: a 0-dim tensor."""
     return table[ids.reshape(-1)].norm()

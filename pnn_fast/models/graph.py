@@ -24,6 +24,7 @@ import warnings
 import torch
 from torch import nn
 
+from .. import backends
 from ..csr import CSR
 
 # torch warns once per process that CSR support is "beta"; the few CSR ops used here
@@ -63,6 +64,12 @@ def _sparse(csr: CSR) -> torch.Tensor:
                                    check_invariants=False)
 
 
+def _product(adj: torch.Tensor, x: torch.Tensor, addend: torch.Tensor | None = None, divisor: float = 1.0,
+             backend: str = "auto") -> torch.Tensor:
+    """``(addend + adj @ x) / divisor`` on ``backend`` ("auto": the ``csr_spmm`` kernel where it was built)."""
+    return backends.select(backend, x.device).csr_spmm(adj, x, addend, divisor)
+
+
 class _SpMM(torch.autograd.Function):
     """``adj @ x`` differentiable in ``x`` only; the backward uses the given transpose.
 
@@ -73,11 +80,11 @@ class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, adj: torch.Tensor, adj_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         ctx.adj_t = adj_t
-        return adj @ x
+        return _product(adj, x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return None, None, ctx.adj_t @ grad
+        return None, None, _product(ctx.adj_t, grad)
 
 
 def sparse_matmul(adj: torch.Tensor, x: torch.Tensor, adj_t: torch.Tensor | None = None) -> torch.Tensor:
@@ -86,6 +93,47 @@ def sparse_matmul(adj: torch.Tensor, x: torch.Tensor, adj_t: torch.Tensor | None
     ``adj_t`` is ``adj``'s transpose (CSR); None means ``adj`` is symmetric.
     """
     return _SpMM.apply(adj, adj if adj_t is None else adj_t, x)
+
+
+def _horner_mean(adj: torch.Tensor, x: torch.Tensor, n_layers: int, backend: str) -> torch.Tensor:
+    """``(x + adj x + ... + adj^n_layers x) / (n_layers + 1)`` by Horner's rule,
+    ``(x + adj (x + adj (x + ...))) / (n_layers + 1)``: n_layers products, each adding x as it goes."""
+    total = x
+    for layer in range(n_layers):
+        last = layer == n_layers - 1
+        total = _product(adj, total, x, float(n_layers + 1) if last else 1.0, backend)
+    return total
+
+
+class _LayerMean(torch.autograd.Function):
+    """:func:`layer_mean` with its backward: the mean of powers of a symmetric matrix is symmetric, so the
+    gradient is the same polynomial of the matrix applied to the output's gradient."""
+
+    @staticmethod
+    def forward(ctx, adj: torch.Tensor, x: torch.Tensor, n_layers: int, backend: str) -> torch.Tensor:
+        ctx.adj, ctx.n_layers, ctx.backend = adj, n_layers, backend
+        return _horner_mean(adj, x, n_layers, backend)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return None, _horner_mean(ctx.adj, grad, ctx.n_layers, ctx.backend), None, None
+
+
+def layer_mean(adj: torch.Tensor, ego: torch.Tensor, n_layers: int, backend: str = "auto") -> torch.Tensor:
+    """LightGCN's mean of layers ``(E_0 + E_1 + ... + E_L) / (L + 1)``, ``E_l = adj @ E_{l-1}``, ``E_0 = ego``.
+
+    Args:
+        adj: a symmetric sparse CSR matrix [N, N] (the normalised adjacency); ego: float [N, d];
+        n_layers: L >= 0; backend: the products' implementation, as for PNNLoss (``backends.select``).
+    Returns:
+        [N, d], differentiable in ``ego``: L products forward and L backward, with the layer sums and the
+        division inside them (summing the layers one by one took five more passes over [N, d] a step).
+        Equal to the layer-by-layer sum to rounding (the additions are grouped differently).
+    """
+    backends.check_name(backend)
+    if n_layers == 0:
+        return ego
+    return _LayerMean.apply(adj, ego, n_layers, backend)
 
 
 class NormalizedAdjacency(nn.Module):

@@ -16,17 +16,7 @@ import torch
 from torch import nn
 
 from .base import Recommender
-from .graph import NormalizedAdjacency
-
-
-def mean_of_layers(propagate, ego: torch.Tensor, n_layers: int) -> torch.Tensor:
-    """Mean of ``[ego, P(ego), P(P(ego)), ...]`` (``n_layers`` applications of ``propagate``); [N, d]."""
-    total = ego
-    layer = ego
-    for _ in range(n_layers):
-        layer = propagate(layer)
-        total = total + layer
-    return total / (n_layers + 1)
+from .graph import NormalizedAdjacency, layer_mean
 
 
 class LightGCN(Recommender):
@@ -49,7 +39,7 @@ class LightGCN(Recommender):
 
     def embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(user [U, dim], item [I, dim]) float32: mean over layers 0..n_layers."""
-        final = mean_of_layers(self.adjacency, self._ego(), self.n_layers)
+        final = layer_mean(self.adjacency.csr(), self._ego(), self.n_layers)
         return final[: self.num_users], final[self.num_users:]
 
     def layer_embeddings(self) -> list[torch.Tensor]:

@@ -12,13 +12,15 @@ No op allocates anything of size ``[B, C]``.
 
 The table-lookup ops of a training step (:func:`unknown_items`, :func:`history_sample`,
 :func:`embedding_bpr`, :func:`gathered_norm`, :func:`gathered_dots`, :func:`unit_rows`) take whole embedding tables
-and ids, and return dense table gradients.
+and ids, and return dense table gradients.  :func:`csr_spmm` is the graph models'
+propagation, a CSR matrix times a table.
 
 Importing this package needs the compiled extension (ImportError otherwise).
 """
 from .class_centroids import class_centroids
 from .class_terms import class_terms
 from .count_unlabeled import count_unlabeled
+from .csr_spmm import csr_spmm
 from .embedding_bpr import embedding_bpr
 from .gathered_dots import gathered_dots
 from .gathered_norm import gathered_norm
@@ -31,6 +33,6 @@ from .rows_contain import rows_contain
 from .unit_rows import unit_rows
 from .unknown_items import unknown_items
 
-__all__ = ["class_centroids", "class_terms", "count_unlabeled", "embedding_bpr", "gathered_dots", "gathered_norm",
+__all__ = ["class_centroids", "class_terms", "count_unlabeled", "csr_spmm", "embedding_bpr", "gathered_dots", "gathered_norm",
            "hard_negative_argmax", "history_sample", "lowest_k_mask", "masked_topk", "pairwise_uniformity",
            "rows_contain", "unit_rows", "unknown_items"]
