@@ -17,7 +17,7 @@ import pytest
 import torch
 from _op_bench import BACKENDS, DEVICES, DIM, PASSES, check_then_time
 
-from pnn_fast.backends import fused, reference
+from pnn_fast import backends
 from pnn_fast.data import default_data_dir, load_dataset
 from pnn_fast.models.graph import NormalizedAdjacency, layer_mean
 
@@ -45,39 +45,27 @@ class _Layer(torch.autograd.Function):
         return None, None, ctx.product(ctx.adj, grad)
 
 
-def propagation(backend_module):
-    """One LightGCN layer on ``backend_module``'s product: (CSR buffers, x [n, d]) -> [n, d]."""
-    def layer(parts, x):
+#: one product with its backward, or LightGCN's whole propagation (2 layers) in training
+CASES = ("one-product", "layer-mean-2")
+
+
+def propagation(case: str, backend: str):
+    """``case`` on ``backend`` ("reference" or "auto", the fused kernel): (CSR buffers, x [n, d]) -> [n, d]."""
+    def propagate(parts, x):
         adj = torch.sparse_csr_tensor(*parts, (x.shape[0], x.shape[0]), check_invariants=False)
-        return _Layer.apply(backend_module.csr_spmm, adj, x)
-    return layer
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("passes", PASSES)
-@pytest.mark.parametrize("device", DEVICES)
-def test_csr_spmm_gowalla_adjacency(benchmark, device, passes, backend):
-    adj = gowalla_adjacency().to(device)
-    x = torch.randn(adj.num_nodes, DIM, generator=torch.Generator().manual_seed(4)).to(device)
-    parts = (adj.crow_indices, adj.col_indices, adj.values)
-    check_then_time(benchmark, device, backend, propagation(reference), propagation(fused), (parts, x),
-                    passes=passes, wrt=(1,))
-
-
-def lightgcn_propagation(backend: str):
-    """LightGCN's mean of 2 layers on ``backend``: (CSR buffers, ego [n, d]) -> [n, d]."""
-    def propagate(parts, ego):
-        adj = torch.sparse_csr_tensor(*parts, (ego.shape[0], ego.shape[0]), check_invariants=False)
-        return layer_mean(adj, ego, 2, backend)
+        if case == "layer-mean-2":
+            return layer_mean(adj, x, 2, backend)
+        return _Layer.apply(backends.select(backend, x.device).csr_spmm, adj, x)
     return propagate
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("passes", PASSES)
+@pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("device", DEVICES)
-def test_lightgcn_layer_mean_gowalla(benchmark, device, passes, backend):
+def test_csr_spmm_gowalla_adjacency(benchmark, device, case, passes, backend):
     adj = gowalla_adjacency().to(device)
-    ego = torch.randn(adj.num_nodes, DIM, generator=torch.Generator().manual_seed(5)).to(device)
+    x = torch.randn(adj.num_nodes, DIM, generator=torch.Generator().manual_seed(4)).to(device)
     parts = (adj.crow_indices, adj.col_indices, adj.values)
-    check_then_time(benchmark, device, backend, lightgcn_propagation("reference"), lightgcn_propagation("auto"),
-                    (parts, ego), passes=passes, wrt=(1,))
+    check_then_time(benchmark, device, backend, propagation(case, "reference"), propagation(case, "auto"), (parts, x),
+                    passes=passes, wrt=(1,))
