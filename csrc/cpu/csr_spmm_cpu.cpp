@@ -3,9 +3,10 @@
 // nothing else (models/graph.py, layer_mean): torch's CSR product leaves the sums and the division to
 // three more passes over [N, d] tables, forward and backward.  The rows a few entries ahead are
 // prefetched (a random row of x per stored entry), and each index is checked in the same pass (a
-// separate check of Gowalla's 1.69 M indices took 1.3 ms a call).  Each output row is its entries'
-// products summed in stored order by pnn_rows.h's madd (multiply then add on the host, so the bits
-// depend neither on the thread count nor on the instruction set; an fma on CUDA, the same to rounding).
+// separate check of Gowalla's 1.69 M indices took about 3 ms a call, four calls a step).  Each output
+// row is its entries' products summed in stored order by pnn_rows.h's madd (multiply then add on the
+// host, so the bits depend neither on the thread count nor on the instruction set; an fma on CUDA,
+// the same to rounding).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
