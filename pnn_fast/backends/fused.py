@@ -18,8 +18,8 @@ from ..ops import (embedding_bpr, gathered_dots, gathered_norm, history_sample, 
                   pairwise_uniformity, rows_contain, unit_rows, unknown_items)
 from .rows import NegSize, dot, gather_rows, negative_class_size
 
-__all__ = ["csr_spmm", "embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample", "lowest_k_mask",
-           "masked_topk", "pairwise_uniformity", "pnn_row_terms", "rows_contain", "unit_rows", "unknown_items"]
+__all__ = ["csr_spmm", "embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample",
+           "lowest_k_mask", "masked_topk", "pairwise_uniformity", "pnn_row_terms", "rows_contain", "unit_rows", "unknown_items"]
 
 
 def _bpr(user_emb, item_table, pos_items, candidates, hard):

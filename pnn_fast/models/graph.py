@@ -127,7 +127,8 @@ def layer_mean(adj: torch.Tensor, ego: torch.Tensor, n_layers: int, backend: str
         n_layers: L >= 0; backend: the products' implementation, as for PNNLoss (``backends.select``).
     Returns:
         [N, d], differentiable in ``ego``: L products forward and L backward, with the layer sums and the
-        division inside them (summing the layers one by one took five more passes over [N, d] a step).
+        division inside them (summed one by one, the layers cost three more passes over [N, d] forward,
+        and autograd's accumulations of their gradients backward).
         Equal to the layer-by-layer sum to rounding (the additions are grouped differently).
     """
     backends.check_name(backend)
