@@ -19,10 +19,12 @@
 # compute-sanitizer memcheck; bench_pnn_loss.py on CUDA at B = 2048 and 8192
 # (reference, torch.compile(reference), fused: ms and torch.cuda.max_memory_allocated) and
 # torch.profiler's top kernels of the fused step at both sizes (--profile); one ML-1M epoch each
-# of BPR, DNS, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); racecheck over
-# the smoke workload; torch.profiler's top kernels of one DNS and one preset epoch (profile_epoch.py);
-# the CPU kernels' tests on the machine's 16 cores (thread-count bugs that 2 cores hide). Every step's
-# whole log comes back in $OUT/logs.tar.gz; the report quotes each log's error lines and its end.
+# of BPR, DNS, SL, PNN and the dns-anchored preset with MF on the GPU (bench_epochs.py); the CPU
+# kernels' tests on the machine's 16 cores (thread-count bugs that 2 cores hide); racecheck over the
+# smoke workload; torch.profiler's top kernels of one DNS and one preset epoch (profile_epoch.py).
+# The test steps print a line per test (-v), so that one stopped at its timeout still names what
+# passed and failed. Every step's whole log comes back in $OUT/logs.tar.gz; the report quotes each
+# log's error lines and its end.
 set -uo pipefail
 
 DRY_RUN=0
@@ -102,7 +104,7 @@ else
   run extension 60 "$PYTHON" -c "import torch, pnn_fast; info = pnn_fast.build_info(); print(info); \
 assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no GPU'"
   run linkage 60 bash -c linkage
-  run tests-cuda 300 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:logging -p xdist -n 4 --max-worker-restart 50 -rfE \
+  run tests-cuda 300 "$PYTHON" -m pytest -v -p no:cacheprovider -p no:logging -p xdist -n 4 --max-worker-restart 50 -rfE \
     tests/ops tests/test_backends.py tests/test_losses.py tests/test_attention.py tests/test_property_parity.py \
     tests/test_ids_checked_before_launch.py tests/test_deterministic_algorithms.py tests/test_baselines_sl.py -k cuda
   run smoke-and-compile 180 "$PYTHON" bench/gpu_smoke.py --device cuda --compile
@@ -112,10 +114,10 @@ assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no G
   run profile-cuda 120 "$PYTHON" bench/bench_pnn_loss.py --profile --devices cuda --batches 2048 8192
   run epochs 180 env BENCH_DEVICE=cuda BENCH_ROUNDS=1 BENCH_LOSSES=bpr,dns,pnn,pnn-dns-anchored,sl-t02 "$PYTHON" -m pytest -q \
     -p no:cacheprovider bench/bench_epochs.py --benchmark-columns=median,rounds
+  run tests-cpu 150 "$PYTHON" -m pytest -v -p no:cacheprovider -p no:logging -p xdist -n 8 -rfE tests/ops \
+    tests/test_losses.py tests/test_attention.py -k "not cuda"
   run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$PYTHON" bench/gpu_smoke.py --device cuda
   run profile-epochs 120 "$PYTHON" bench/profile_epoch.py --device cuda --losses dns pnn-dns-anchored
-  run tests-cpu 150 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:logging -p xdist -n 8 -rfE tests/ops \
-    tests/test_losses.py tests/test_attention.py -k "not cuda"
 fi
 
 {

@@ -75,10 +75,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pairwise_uniformity_f
   TORCH_CHECK(!save, kUniformityFwd, ": save is for the CPU kernels only");
   const at::Tensor points = prepare_points(kUniformityFwd, x, t);
   const int64_t n = points.size(0), d = points.size(1);
-  const at::Tensor nothing = at::empty({0}, x.options().dtype(opmath_dtype(x.scalar_type())));
+  // The CPU kernels' saved row maxima and exponentials: none here, but two distinct empty tensors,
+  // since the schema's outputs may not alias (opcheck's test_schema and CUDA graphs rely on it).
+  const auto nothing = [&x] { return at::empty({0}, x.options().dtype(opmath_dtype(x.scalar_type()))); };
   if (n < 2) {
     const auto [value, total] = empty_uniformity_outputs(x);
-    return {value, total, nothing, nothing};
+    return {value, total, nothing(), nothing()};
   }
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor row_lse = at::empty({n}, x.options().dtype(at::kDouble));
@@ -94,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pairwise_uniformity_f
                                });
   });
   const auto [value, total] = uniformity_outputs(at::logsumexp(row_lse, {0}), 1.0, points);
-  return {value, total, nothing, nothing};
+  return {value, total, nothing(), nothing()};
 }
 
 at::Tensor pairwise_uniformity_bwd_cuda(const at::Tensor& grad, const at::Tensor& x, double t, const at::Tensor& total,
