@@ -104,10 +104,11 @@ inline void check_ids_below(const char* op, const at::Tensor& ids, int64_t bound
 }
 
 // That indptr (int64, 1-D, on the device) partitions indices: it rises from 0 to indices.numel().
-// Synchronises on CUDA.
+// Synchronises on CUDA (and so steps aside while a CUDA graph is captured, as the id checks do).
 inline void check_partition(const char* op, const at::Tensor& indptr, const at::Tensor& indices,
                             const std::string& indptr_name, const std::string& indices_name) {
   TORCH_CHECK_VALUE(indptr.numel() >= 1, op, ": ", indptr_name, " is empty (it needs num_rows + 1 entries)");
+  if (!host_read_back_allowed(indptr)) return;
   // the three conditions folded on the device into one flag: one read-back, not three
   const at::Tensor partition = indptr[0].eq(0)
                                    .logical_and_(indptr[-1].eq(indices.numel()))
