@@ -71,11 +71,10 @@ def test_every_op_captures_into_a_cuda_graph_with_fresh_outputs_from_its_pool():
         for op, args in load(path).opcheck_cases("cuda"):
             args = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
             with torch.no_grad():
-                expected = _tensors(op(*args))
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    op(*args)  # the warm-up that a capture needs first
+                    expected = _tensors(op(*args))  # the eager result, and the warm-up a capture needs first
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 torch._C._cuda_clearCublasWorkspaces()  # as torch's CUDA-graph trees do: not a live output
