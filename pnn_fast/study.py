@@ -149,6 +149,7 @@ class Plan:
 
     path: Path
     name: str
+    seeds: tuple[int, ...]  # the study's; a table may set fewer or others for its cells
     baselines: tuple[str, ...]
     configs: tuple[str, ...]
     groups: dict[tuple[str, str, str], tuple[Cell, ...]]
@@ -296,8 +297,8 @@ class _PlanReader:
             groups[dataset["name"], model["name"], config["name"]] = tuple(
                 Cell(dataset_specs[d], model["name"], config["name"], dataclasses.replace(base, seed=seed))
                 for seed in seeds)
-        return Plan(self.path, study["name"], tuple(study.get("baselines", DEFAULT_BASELINES)),
-                    tuple(entry["name"] for entry in configs), groups)
+        return Plan(self.path, study["name"], tuple(study["seeds"]),
+                    tuple(study.get("baselines", DEFAULT_BASELINES)), tuple(entry["name"] for entry in configs), groups)
 
 
 def load_plan(path: os.PathLike | str) -> Plan:
@@ -476,7 +477,7 @@ def _read_results(path: Path) -> dict:
 def summarize(plan: Plan, out: os.PathLike | str) -> dict:
     """The statistics of the cells finished under ``out``, per (dataset, model, config) group, in plan order.
 
-    Returns a dict: ``groups`` (per group: planned and finished seeds, mean and std of each of
+    Returns a dict: ``seeds`` (the study's), ``groups`` (per group: planned and finished seeds, mean and std of each of
     SUMMARY_METRICS, ``vs`` {baseline: {metric: lift_percent, ci95_percent, t, p, pairs}}, mean_epoch_seconds,
     mean_best_epoch), ``unfinished`` [{cell, status, error?}], counts; None where there is no value.
     """
@@ -507,7 +508,7 @@ def summarize(plan: Plan, out: os.PathLike | str) -> dict:
         row["mean_epoch_seconds"] = _mean([r["mean_epoch_seconds"] for r in finished.values()])
         row["mean_best_epoch"] = _mean([r["best_epoch"] for r in finished.values()])
         groups.append(row)
-    return {"study": plan.name, "plan": str(plan.path), "metrics": list(SUMMARY_METRICS),
+    return {"study": plan.name, "plan": str(plan.path), "seeds": list(plan.seeds), "metrics": list(SUMMARY_METRICS),
             "baselines": [b for b in plan.baselines if b in plan.configs], "cells": len(plan.cells),
             "finished": len(plan.cells) - len(unfinished), "groups": groups, "unfinished": unfinished}
 
@@ -549,6 +550,13 @@ def summary_markdown(summary: dict) -> str:
     """``summary`` (see :func:`summarize`) as Markdown: one table per dataset x model, configs in plan order."""
     lines = [f"# Study {summary['study']}", "",
              f"Plan `{summary['plan']}`: {summary['finished']} of {summary['cells']} cells finished.", "", LEGEND]
+    # a plan may give an expensive config fewer seeds than the study's; say which, so that a "1/3" is
+    # read as planned, not as lost
+    fewer = [row for row in summary["groups"] if len(row["seeds"]) < len(summary["seeds"])]
+    if fewer:
+        lines += ["", f"Planned with fewer seeds than the study's {len(summary['seeds'])}: " + "; ".join(
+            f"`{row['dataset']}/{row['model']}/{row['config']}` {len(row['seeds'])} "
+            f"(seed{'s' * (len(row['seeds']) > 1)} {', '.join(map(str, row['seeds']))})" for row in fewer) + "."]
     versus = [(baseline, metric) for baseline in summary["baselines"] for metric in summary["metrics"]]
     for (dataset, model), rows in _tables(summary).items():
         header = (["config", "loss", "seeds"] + summary["metrics"] + [f"{m} vs {b}" for b, m in versus]

@@ -114,6 +114,8 @@ def test_every_cell_finishes_and_the_summary_matches_a_recomputation(finished_st
                     [scale * (differences.mean() - half), scale * (differences.mean() + half)])
     markdown = (out / "summary.md").read_text()
     assert "| dns16 | dns | 2/2 |" in markdown and "## syn · mf" in markdown
+    assert summary["seeds"] == [1, 2, 3]
+    assert "Planned with fewer seeds than the study's 3: `syn/mf/dns16` 2 (seeds 1, 2).\n" in markdown
     # dns16 (seeds 1-2) against bpr (seeds 1-3): the lift of the means, then the paired lift that the
     # interval is centred on; dns against bpr (the same seeds) has one lift, so no "paired"
     comparison = rows["dns16"]["vs"]["bpr"]["ndcg@20"]
