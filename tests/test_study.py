@@ -245,21 +245,25 @@ def test_a_bad_plan_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, ch
     assert not (tmp_path / "out").exists()  # checked before anything trains
 
 
-def test_sigterm_stops_the_workers_too(tmp_path):
-    """`kill` of a running study ends its worker processes (no orphan keeps training)."""
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_study_stops_the_workers_too(tmp_path, signum):
+    """`kill` or `kill -INT` of a running study ends its worker processes (no orphan keeps training).
+    The study starts with SIGINT at its default, as under a terminal: a shell script's `cmd &` starts
+    it ignored, which Python keeps (studies/README.md says to use `kill` then)."""
     import signal
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "pnn_fast", "study", str(ROOT / "studies" / "example.toml"),
                              "--out", str(tmp_path), "--jobs", "1", "--threads", "1", "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not list(tmp_path.rglob("checkpoint.pt")) and time.monotonic() < deadline:
         time.sleep(0.2)
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
     assert children, "the study started no worker"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, signum))
     assert proc.wait(timeout=60) != 0
     time.sleep(1)
     alive = [pid for pid in children if Path(f"/proc/{pid}").exists()
