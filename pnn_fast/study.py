@@ -56,6 +56,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import typing
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -65,6 +66,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ._files import write_text_atomic
 from .data import Dataset, load_dataset, synthetic_dataset
@@ -330,6 +332,9 @@ def _start_worker(threads: int) -> None:
     torch.set_num_threads(threads)
     # Ctrl-C ends the worker at once; by default it would report a KeyboardInterrupt and take the next cell
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # tqdm's default lock spans processes: a named semaphore, which a terminated worker never unlinks,
+    # so the resource tracker warns of a leak at the study's end. Only one worker ever draws bars.
+    tqdm.set_lock(threading.RLock())
 
 
 def _run_cell(cell: Cell, out: Path, show_bars: bool) -> str | None:
