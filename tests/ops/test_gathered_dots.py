@@ -37,6 +37,29 @@ def test_gathered_dots_matches_the_definition_and_gradcheck(device):
         ops.gathered_dots(rows, table.float(), ids)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_gathered_dots_under_a_hinge_matches_the_reference(device):
+    """Behind relu(dot - margin) most entries' gradients are exactly zero, which the kernels skip:
+    the gradients must still be the reference's, rows with and without a nonzero entry alike."""
+    gen = torch.Generator().manual_seed(9)
+    rows = torch.randn(300, 64, generator=gen).to(device)
+    table = torch.randn(500, 64, generator=gen).to(device)
+    ids = torch.randint(0, 500, (300, 200), generator=gen).to(device)
+    margin = 20.0  # about 1 in 400 of these dots (variance 64) lies above it
+
+    def hinge(fn):
+        return lambda r, t, i: torch.relu(fn(r, t, i) - margin).sum()
+
+    active = (reference.gathered_dots(rows, table, ids) > margin)
+    assert 0 < int(active.sum()) < active.numel() // 100
+    assert 0 < int(active.any(dim=1).sum()) < rows.shape[0]
+    got = value_and_grads(hinge(ops.gathered_dots), rows, table, ids)
+    expected = value_and_grads(hinge(reference.gathered_dots), rows, table, ids)
+    for g, w in zip(got, expected):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert not got[1][~active.any(dim=1)].any()  # rows with no entry above the margin get no gradient
+
+
 def test_gathered_dots_gradients_do_not_depend_on_the_thread_count():
     gen = torch.Generator().manual_seed(6)
     rows, table = torch.randn(3000, 64, generator=gen), torch.randn(50, 64, generator=gen)
