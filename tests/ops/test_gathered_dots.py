@@ -45,7 +45,7 @@ def test_gathered_dots_under_a_hinge_matches_the_reference(device):
     rows = torch.randn(300, 64, generator=gen).to(device)
     table = torch.randn(500, 64, generator=gen).to(device)
     ids = torch.randint(0, 500, (300, 200), generator=gen).to(device)
-    margin = 20.0  # about 1 in 400 of these dots (variance 64) lies above it
+    margin = 20.0  # 2.5 sd of these dots (variance 64): 0.7% lie above it, and 118 of the 300 rows have none
 
     def hinge(fn):
         return lambda r, t, i: torch.relu(fn(r, t, i) - margin).sum()
