@@ -8,7 +8,7 @@ float32 [2048, K], to rounding; forward, and forward + backward to rows and tabl
 beyond this CPU's L2, where the rows' loads miss and their prefetching shows).
 ``test_gathered_dots_behind_a_hinge``: SimpleX's Gowalla step, relu(cos - m) over 2,000 negatives of
 256 unit rows in the unit Gowalla table, m set so that about 1 in 10,000 cosines lies above it (as
-in a trained SimpleX cell): the backward gets exact zeros almost everywhere, which the kernel skips.
+in a trained SimpleX cell): the backward gets exact zeros almost everywhere, which the CPU kernel skips.
 """
 import pytest
 import torch

@@ -39,7 +39,7 @@ def test_gathered_dots_matches_the_definition_and_gradcheck(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gathered_dots_under_a_hinge_matches_the_reference(device):
-    """Behind relu(dot - margin) most entries' gradients are exactly zero, which the kernels skip:
+    """Behind relu(dot - margin) most entries' gradients are exactly zero, which the CPU kernel skips:
     the gradients must still be the reference's, rows with and without a nonzero entry alike."""
     gen = torch.Generator().manual_seed(9)
     rows = torch.randn(300, 64, generator=gen).to(device)
@@ -50,7 +50,7 @@ def test_gathered_dots_under_a_hinge_matches_the_reference(device):
     def hinge(fn):
         return lambda r, t, i: torch.relu(fn(r, t, i) - margin).sum()
 
-    active = (reference.gathered_dots(rows, table, ids) > margin)
+    active = reference.gathered_dots(rows, table, ids) > margin
     assert 0 < int(active.sum()) < active.numel() // 100
     assert 0 < int(active.any(dim=1).sum()) < rows.shape[0]
     got = value_and_grads(hinge(ops.gathered_dots), rows, table, ids)
