@@ -124,9 +124,10 @@ def check_values(id_checks: Sequence[tuple[str, torch.Tensor, int]], finite_chec
 
 
 def validate_batch(known: KnownPositives, dim: int, user_emb, item_table, users, pos_items, neg_items, noise,
-                   values: bool = True, hard_candidates=None) -> None:
+                   values: bool = True, hard_candidates=None, whole_table: bool = True) -> None:
     """Shapes, dtypes and devices of one loss call; with ``values`` also id ranges and finiteness
-    (one host sync). ``neg_items`` and ``hard_candidates``: int [B, K] or None."""
+    (one host sync). ``neg_items`` and ``hard_candidates``: int [B, K] or None. ``whole_table``
+    False leaves ``item_table``'s finiteness to the caller, which checks the rows it reads."""
     check_embedding("user_emb", user_emb, rows=None, dim=dim)
     batch = user_emb.shape[0]
     if batch == 0:
@@ -136,7 +137,7 @@ def validate_batch(known: KnownPositives, dim: int, user_emb, item_table, users,
     check_id_tensor("users", users, (batch,))
     check_id_tensor("pos_items", pos_items, (batch,))
     ids = [("users", users, known.num_users), ("pos_items", pos_items, known.num_items)]
-    floats = [("user_emb", user_emb), ("item_table", item_table)]
+    floats = [("user_emb", user_emb)] + ([("item_table", item_table)] if whole_table else [])
     same_device = [("users", users), ("pos_items", pos_items)]
     for name, candidates in (("neg_items", neg_items), ("hard_candidates", hard_candidates)):
         if candidates is None:

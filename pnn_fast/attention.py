@@ -10,6 +10,7 @@ from torch import nn
 from . import backends
 from ._checks import check_int, check_real
 from .backends.rows import gather_rows
+from .compact import compact_items
 from .known import KnownPositives
 from .sampling import sample_history
 
@@ -65,19 +66,23 @@ class UserAwareAttention(nn.Module):
         return F.softplus(self.raw_w2)
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
-                known: KnownPositives, backend: str = "auto") -> torch.Tensor:
+                known: KnownPositives, backend: str = "auto", sparse: bool = False) -> torch.Tensor:
         """lambda per row: float [B] in (0, 1); e_u is each row's own user embedding.
 
         ``user_emb`` float [B, d]; ``item_table`` float [I, d]; ``users`` int [B]. One history
         sample per distinct user of the batch, shared by that user's rows; ``backend`` (as
-        :func:`pnn_fast.backends.select`) samples it and computes the logits.
+        :func:`pnn_fast.backends.select`) samples it and computes the logits; ``sparse`` as
+        :class:`pnn_fast.PNNLoss`'s (no [I]-sized tensor, a sparse gradient of ``item_table``).
         """
         impl = backends.select(backend, user_emb.device)
         unique_users, row_of = torch.unique(users, return_inverse=True)
         items, mask = sample_history(known, unique_users, self.history_len, backend)
         # the key and <e_h, w1> depend on the item only: evaluate them once per distinct history item
-        hist_items, hist_of = _distinct_ids(items, item_table.shape[0])
-        hist_rows = item_table[hist_items]
+        if sparse:  # the empty slots (-1) are masked below: any row stands in for them
+            hist_rows, _, (hist_of,), _ = compact_items(item_table, [items.clamp_min(0)], sparse=True)
+        else:
+            hist_items, hist_of = _distinct_ids(items, item_table.shape[0])
+            hist_rows = item_table[hist_items]
         keys = torch.tanh(hist_rows @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
         slots = hist_of[row_of]  # [B, L]: each row's history as indices into hist_items
         logits = impl.gathered_dots(user_emb, keys, slots).masked_fill(~mask[row_of], float("-inf"))

@@ -10,6 +10,7 @@ Sampling itself lives in :mod:`pnn_fast.sampling`.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -27,13 +28,30 @@ class KnownPositives(CSR):
             so one searchsorted maps a rank among a user's unknown items to the item.
     """
 
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, num_users: int, num_items: int):
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, num_users: int, num_items: int, *,
+                 check: bool = True):
         super().__init__(indptr, indices, num_users, num_items)
         counts = self.indptr[1:] - self.indptr[:-1]
-        owner = torch.repeat_interleave(torch.arange(self.num_users, device=self.indptr.device), counts)
+        # a checked CSR may be malformed, so only a trusted one gives the size (which saves a host read)
+        owner = torch.repeat_interleave(torch.arange(self.num_users, device=self.indptr.device), counts,
+                                        output_size=None if check else self.indices.numel())
         self.keys = owner * self.num_items + self.indices
         local = torch.arange(self.indices.numel(), device=self.indptr.device) - self.indptr[owner]
         self.gap_keys = owner * (self.num_items + 1) + (self.indices - local)
+        if check:
+            self._check_values()
+
+    @classmethod
+    def from_sorted_rows(cls, indptr: torch.Tensor, indices: torch.Tensor, num_users: int,
+                         num_items: int) -> "KnownPositives":
+        """Build from a CSR whose rows the caller guarantees to be sorted and in range: no check
+        reads the values back to the host. A row may repeat its last id
+        (:func:`pnn_fast.compact.compact_lookup` pads with one): the membership searches find an
+        id all the same."""
+        return cls(indptr, indices, num_users, num_items, check=False)
+
+    def _check_values(self) -> None:
+        """Ids in range and strictly increasing within each user (two reads on the host)."""
         if self.indices.numel() and bool((self.indices < 0).any() | (self.indices >= self.num_items).any()):
             raise ValueError(f"indices must lie in [0, num_items={self.num_items})")
         if bool((self.keys[1:] <= self.keys[:-1]).any()):
@@ -70,7 +88,8 @@ class KnownPositives(CSR):
         """The same users and items with nothing known: for candidates already drawn from each user's
         unknown items (:func:`pnn_fast.sampling.sample_unknown`), whose known-item lookups would all
         come back negative, so an op given this instead skips them. Built once per object."""
-        return KnownPositives(torch.zeros_like(self.indptr), self.indices[:0], self.num_users, self.num_items)
+        return KnownPositives.from_sorted_rows(torch.zeros_like(self.indptr), self.indices[:0], self.num_users,
+                                               self.num_items)
 
     def count(self, users: torch.Tensor) -> torch.Tensor:
         """N_u for each user: int64 tensor shaped like ``users``."""
@@ -88,3 +107,14 @@ class KnownPositives(CSR):
     def __repr__(self) -> str:
         return (f"KnownPositives(num_users={self.num_users}, num_items={self.num_items}, nnz={self.nnz}, "
                 f"device={self.device})")
+
+
+class RowLookup(NamedTuple):
+    """Known-item membership for a batch, in whatever ids its candidates are written in.
+
+    Row ``rows[b]`` of ``known`` holds batch row b's known items; a backend asks it in place of
+    the user's own row of the :class:`KnownPositives` it still uses for the class sizes
+    (:func:`pnn_fast.compact.compact_lookup` builds one in a compact table's ids).
+    """
+    known: KnownPositives
+    rows: torch.Tensor

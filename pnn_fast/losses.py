@@ -18,6 +18,7 @@ from . import backends
 from ._checks import (check_embedding, check_id_tensor, check_int, check_neg_size, check_real, check_same,
                       check_values, require_tensor, validate_batch)
 from .attention import UserAwareAttention
+from .compact import compact_items
 from .distributed import gather_ids
 from .backends.rows import NORM_EPS, negative_class_size
 from .known import KnownPositives
@@ -70,6 +71,11 @@ class PNNLoss(nn.Module):
         backend: "auto", "reference", "cpu" or "cuda" (same semantics everywhere).
         validate: check id ranges and finiteness on every call (one host sync); a trainer that
             makes its own ids may turn it off. Shapes, dtypes and devices are always checked.
+        sparse: gather the rows the step reads into a compact table first (:mod:`pnn_fast.compact`),
+            so that ``item_table``'s gradient is a sparse COO tensor of those rows, as
+            ``nn.Embedding(sparse=True)`` gives, for ``torch.optim.SparseAdam``; no tensor of the
+            step then has a dimension of the catalog's size. Costs a sort of the step's ids and one
+            read on the host. A table the model computes (LightGCN's) gets a dense gradient.
 
     Forward shapes: ``user_emb`` float [B, d]; ``item_table`` float [I, d];
     ``users``, ``pos_items`` int [B]; ``neg_items`` int [B, K] or None (in-batch candidates);
@@ -88,7 +94,8 @@ class PNNLoss(nn.Module):
                  lambda_range: Optional[Tuple[float, float]] = None, lambda_temperature: float = 1.0,
                  use_rank: bool = True, rank_weight: float = 1.0,
                  num_candidates: Optional[int] = None, num_hard_candidates: Optional[int] = None,
-                 candidates_across_ranks: bool = False, backend: str = "auto", validate: bool = True):
+                 candidates_across_ranks: bool = False, backend: str = "auto", validate: bool = True,
+                 sparse: bool = False):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
@@ -134,6 +141,7 @@ class PNNLoss(nn.Module):
         self.candidates_across_ranks = bool(candidates_across_ranks)
         self.backend = backends.check_name(backend)
         self.validate = validate
+        self.sparse = bool(sparse)
         self.attention = UserAwareAttention(dim, history_len, lambda_temperature) if lambda_mode == "attention" else None
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
@@ -141,7 +149,7 @@ class PNNLoss(nn.Module):
                 noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_components: bool = False,
                 hard_candidates: Optional[torch.Tensor] = None, generator: Optional[torch.Generator] = None):
         validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise, self.validate,
-                       hard_candidates=hard_candidates)
+                       hard_candidates=hard_candidates, whole_table=not self.sparse)
         known = self.known = self.known.to(user_emb.device)  # moved once, then cached
         # candidates (and hard candidates) drawn here are unknown items by construction
         drawn_here = neg_items is None and self.num_candidates is not None and hard_candidates is None
@@ -155,20 +163,26 @@ class PNNLoss(nn.Module):
             candidates = gather_ids(pos_items)
         if noise is None:
             noise = (torch.rand_like(user_emb) * self.noise_max, torch.rand_like(user_emb) * self.noise_max)
-        terms = impl.pnn_row_terms(user_emb, item_table, users, pos_items, candidates, known,
+        table, lookup = item_table, None
+        if self.sparse:
+            ids = [pos_items, candidates] + ([] if hard_candidates is None else [hard_candidates])
+            table, renamed, lookup = _compact(item_table, ids, self.validate, known, users)
+            pos_items, candidates = renamed[0], renamed[1]
+            hard_candidates = None if hard_candidates is None else renamed[2]
+        terms = impl.pnn_row_terms(user_emb, table, users, pos_items, candidates, known,
                                    self.neg_size, noise[0], noise[1], hard_candidates=hard_candidates,
-                                   candidates_unknown=drawn_here)
+                                   candidates_unknown=drawn_here, lookup=lookup)
 
         # L_uniform over the batch's distinct candidate items (and users); O(n^2 d), so skipped when its weight is 0
         if self.beta == 0 and not return_components:
             uniform = item_table.new_zeros(())
         else:
-            uniform = self._uniformity(impl, item_table[torch.unique(candidates)])
+            uniform = self._uniformity(impl, table[torch.unique(candidates)])
             if self.uniform_over == "users_and_items":
                 uniform = (uniform + self._uniformity(impl, user_emb[first_rows(users)])) / 2
 
         if self.attention is not None:
-            lam = self.attention(user_emb, item_table, users, known, self.backend)
+            lam = self.attention(user_emb, item_table, users, known, self.backend, sparse=self.sparse)
             if self.lambda_range is not None:
                 low, high = self.lambda_range
                 lam = low + (high - low) * lam
@@ -205,7 +219,18 @@ class PNNLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, alpha={self.alpha}, beta={self.beta}, neg_size={self.neg_size!r}, "
-                f"lambda_mode={self.lambda_mode!r}, backend={self.backend!r}")
+                f"lambda_mode={self.lambda_mode!r}, backend={self.backend!r}, sparse={self.sparse}")
+
+
+def _compact(table: torch.Tensor, ids, validate: bool, known: Optional[KnownPositives] = None,
+             users: Optional[torch.Tensor] = None):
+    """``sparse=True``'s step: (the compact table, the renamed ids, the lookup or None), from
+    :func:`pnn_fast.compact.compact_items`; with ``validate``, the rows read must be finite (the
+    check ``validate_batch`` makes of the whole table on the dense path)."""
+    compact = compact_items(table, ids, sparse=True, known=known, users=users)
+    if validate:
+        check_values([], [("item_table", compact.table)])
+    return compact.table, compact.ids, compact.lookup
 
 
 def first_rows(ids: torch.Tensor) -> torch.Tensor:
@@ -236,7 +261,7 @@ def _check_bpr_ids(ref_name: str, ref: torch.Tensor, item_table: torch.Tensor, b
 
 def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
                   neg_items: torch.Tensor, *, reg_weight: float = 0.0, backend: str = "auto",
-                  validate: bool = True) -> torch.Tensor:
+                  validate: bool = True, sparse: bool = False) -> torch.Tensor:
     """BPR straight from the embedding tables: mean over (b, k) of
     ``softplus(<U[users_b], I[neg_bk]> - <U[users_b], I[pos_b]>)``, plus, when ``reg_weight`` is not
     0, RecBole's EmbLoss of the gathered rows:
@@ -249,7 +274,7 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     Args:
         user_table: float [U, d]; item_table: float [I, d]; users, pos_items: int [B];
         neg_items: int [B] or [B, K]; reg_weight: a finite float >= 0;
-        backend, validate: as :class:`PNNLoss`.
+        backend, validate: as :class:`PNNLoss`; sparse: as :class:`PNNLoss`, for both tables.
     Returns: 0-dim tensor.
     """
     reg_weight = check_real("reg_weight", reg_weight)
@@ -262,6 +287,9 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     neg = _check_bpr_ids("user_table", user_table, item_table, users.numel(), pos_items, neg_items, validate,
                          extra=[("users", users, user_table.shape[0])])
     impl = backends.select(backends.check_name(backend), user_table.device)
+    if sparse:
+        user_table, (users,), _ = _compact(user_table, [users], False)
+        item_table, (pos_items, neg), _ = _compact(item_table, [pos_items, neg], False)
     return impl.embedding_bpr(user_table, item_table, users, pos_items, neg, reg_weight)
 
 
@@ -270,13 +298,14 @@ class BPRLoss(nn.Module):
 
     forward(user_emb [B, d], item_table [I, d], pos_items int [B], neg_items int [B] or [B, K])
     -> mean over all (row, negative) pairs of softplus(s_neg - s_pos).
-    ``backend`` and ``validate`` as :class:`PNNLoss`.
+    ``backend``, ``validate`` and ``sparse`` as :class:`PNNLoss`.
     """
 
-    def __init__(self, *, backend: str = "auto", validate: bool = True):
+    def __init__(self, *, backend: str = "auto", validate: bool = True, sparse: bool = False):
         super().__init__()
         self.backend = backends.check_name(backend)
         self.validate = validate
+        self.sparse = bool(sparse)
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
                 neg_items: torch.Tensor) -> torch.Tensor:
@@ -285,6 +314,8 @@ class BPRLoss(nn.Module):
         rows = torch.arange(user_emb.shape[0], device=user_emb.device)
         neg = _check_bpr_ids("user_emb", user_emb, item_table, user_emb.shape[0], pos_items, neg_items, self.validate)
         impl = backends.select(self.backend, user_emb.device)
+        if self.sparse:
+            item_table, (pos_items, neg), _ = _compact(item_table, [pos_items, neg], False)
         return impl.embedding_bpr(user_emb, item_table, rows, pos_items, neg)
 
 
@@ -294,26 +325,34 @@ class DNSLoss(nn.Module):
     Candidates are ``neg_items [B, M]`` (e.g. M uniform samples, the authors' M=8) or, when
     None, the batch's positive items (the paper's in-batch DNS). A row's known positives and
     its own positive are never taken; rows without a candidate are left out of the mean.
-    Same semantics as PNNLoss's ``bpr`` component, on the same backends; ``validate`` as PNNLoss.
+    Same semantics as PNNLoss's ``bpr`` component, on the same backends; ``validate`` and
+    ``sparse`` as PNNLoss.
     """
 
-    def __init__(self, known: KnownPositives, *, backend: str = "auto", validate: bool = True):
+    def __init__(self, known: KnownPositives, *, backend: str = "auto", validate: bool = True,
+                 sparse: bool = False):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
         self.known = known
         self.backend = backends.check_name(backend)
         self.validate = validate
+        self.sparse = bool(sparse)
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                 pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None) -> torch.Tensor:
         require_tensor("user_emb", user_emb)
         dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
-        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None, self.validate)
+        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None, self.validate,
+                       whole_table=not self.sparse)
         self.known = self.known.to(user_emb.device)  # no copy when already there
         impl = backends.select(self.backend, user_emb.device)
         candidates = pos_items if neg_items is None else neg_items
-        bpr, hard, _ = impl.hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, self.known)
+        lookup = None
+        if self.sparse:
+            item_table, (pos_items, candidates), lookup = _compact(item_table, [pos_items, candidates], self.validate,
+                                                                  self.known, users)
+        bpr, hard, _ = impl.hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, self.known, lookup)
         valid = hard >= 0
         return bpr.sum() / valid.sum().clamp_min(1)
 
@@ -376,7 +415,7 @@ class SampledSoftmaxLoss(nn.Module):
             or an int below K); only with ``neutral_weight`` below 1 and ``neutral_top`` 0.
         neutral_top: m in [0, K); above 0 the neutral class is instead each row's m highest-scored
             draws (needs ``neutral_weight`` below 1).
-        backend, validate: as :class:`PNNLoss`.
+        backend, validate, sparse: as :class:`PNNLoss`.
 
     forward(user_emb [B, d], item_table [I, d], users int [B], pos_items int [B], neg_items=None,
     generator=None) -> 0-dim tensor of user_emb's dtype, the mean over rows.  ``neg_items`` int [B, K]:
@@ -386,7 +425,7 @@ class SampledSoftmaxLoss(nn.Module):
 
     def __init__(self, known: KnownPositives, *, num_negatives: int = 800, temperature: float = 0.1,
                  neutral_weight: float = 1.0, neg_size: Union[str, int, None] = None, neutral_top: int = 0,
-                 backend: str = "auto", validate: bool = True):
+                 backend: str = "auto", validate: bool = True, sparse: bool = False):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
@@ -410,11 +449,12 @@ class SampledSoftmaxLoss(nn.Module):
         self.neg_size = "proportional" if neg_size is None else neg_size
         self.backend = backends.check_name(backend)
         self.validate = validate
+        self.sparse = bool(sparse)
 
     def extra_repr(self) -> str:
         return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
                 f"neutral_weight={self.neutral_weight}, neg_size={self.neg_size!r}, neutral_top={self.neutral_top}, "
-                f"backend={self.backend!r}")
+                f"backend={self.backend!r}, sparse={self.sparse}")
 
     def sample_negatives(self, users: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
@@ -432,7 +472,8 @@ class SampledSoftmaxLoss(nn.Module):
                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
         require_tensor("user_emb", user_emb)
         dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
-        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None, self.validate)
+        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None, self.validate,
+                       whole_table=not self.sparse)
         self.known = self.known.to(user_emb.device)  # no copy when already there
         if neg_items is None:
             neg_items = self.sample_negatives(users, generator)
@@ -440,5 +481,7 @@ class SampledSoftmaxLoss(nn.Module):
             raise ValueError(f"neutral_top={self.neutral_top} needs more draws a row than neg_items' "
                              f"{neg_items.shape[1]}")
         num_negative = self.negative_class_sizes(users, neg_items.shape[1]) if self.pnn_classes else None
+        if self.sparse:
+            item_table, (pos_items, neg_items), _ = _compact(item_table, [pos_items, neg_items], self.validate)
         return sampled_softmax_loss(user_emb, item_table, pos_items, neg_items, self.temperature, self.backend,
                                     self.neutral_weight, num_negative, self.neutral_top)

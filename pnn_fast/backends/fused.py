@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..known import KnownPositives
+from ..known import KnownPositives, RowLookup
 from ..ops import (embedding_bpr, gathered_dots, gathered_norm, history_sample, lowest_k_mask, masked_topk,
                   pairwise_uniformity, rows_contain, unit_rows, unknown_items)
 from .rows import NegSize, dot, gather_rows, negative_class_size
@@ -40,16 +40,18 @@ def csr_spmm(adj: torch.Tensor, x: torch.Tensor, addend: torch.Tensor | None = N
 
 
 def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
-                      candidates: torch.Tensor, known: KnownPositives):
+                      candidates: torch.Tensor, known: KnownPositives, lookup: RowLookup | None = None):
     """BPR against the in-row hardest unlabeled candidate; see :func:`pnn_fast.backends.reference.hard_negative_bpr`.
 
     Args:
         user_emb: float [B, d]; item_table: float [I, d]; users, pos_items: int [B];
-        candidates: int [C] shared or [B, C] per row.
+        candidates: int [C] shared or [B, C] per row; lookup: as the reference's.
     Returns:
         ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``.
     """
-    hard, num_unlabeled = ops.hard_negative_argmax(user_emb, item_table, users, pos_items, candidates, known)
+    lookup = RowLookup(known, users) if lookup is None else lookup
+    hard, num_unlabeled = ops.hard_negative_argmax(user_emb, item_table, lookup.rows, pos_items, candidates,
+                                                   lookup.known)
     bpr, _ = _bpr(user_emb, item_table, pos_items, candidates, hard)
     return bpr, hard, num_unlabeled
 
@@ -57,25 +59,26 @@ def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: t
 def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
                   candidates: torch.Tensor, known: KnownPositives, neg_size: NegSize, noise_pos: torch.Tensor,
                   noise_neg: torch.Tensor, hard_candidates: torch.Tensor | None = None,
-                  candidates_unknown: bool = False) -> dict:
+                  candidates_unknown: bool = False, lookup: RowLookup | None = None) -> dict:
     """Per-row PNN terms; see :func:`pnn_fast.backends.reference.pnn_row_terms` (same arguments and outputs).
 
     Returns:
         dict of [B] tensors: ``bpr``, ``rank``, ``constrain`` (float), ``hard_negative``,
         ``num_negative``, ``num_neutral`` (int64), ``valid`` (bool).
     """
+    rows, lookup = (users, known) if lookup is None else (lookup.rows, lookup.known)
     # drawn from the unknown items, every candidate is in U_b unless it is the positive: no lookups
-    lookup = known.without_items if candidates_unknown else known
+    lookup = lookup.without_items if candidates_unknown else lookup
     # |U_b| first (no scoring), so that one scoring pass gives the classes and the hard negative
-    num_unlabeled = ops.count_unlabeled(user_emb, item_table, users, pos_items, candidates, lookup)
+    num_unlabeled = ops.count_unlabeled(user_emb, item_table, rows, pos_items, candidates, lookup)
     valid = num_unlabeled > 0
     k = negative_class_size(num_unlabeled, known.count(users), known.num_items, neg_size)
-    c_neu, c_neg, num_neutral, num_negative, _, _, hard = ops.class_centroids(user_emb, item_table, users, pos_items,
+    c_neu, c_neg, num_neutral, num_negative, _, _, hard = ops.class_centroids(user_emb, item_table, rows, pos_items,
                                                                               candidates, lookup, k)
     if hard_candidates is None:
         bpr, pos_emb = _bpr(user_emb, item_table, pos_items, candidates, hard)
     else:
-        hard, _ = ops.hard_negative_argmax(user_emb, item_table, users, pos_items, hard_candidates, lookup)
+        hard, _ = ops.hard_negative_argmax(user_emb, item_table, rows, pos_items, hard_candidates, lookup)
         bpr, pos_emb = _bpr(user_emb, item_table, pos_items, hard_candidates, hard)
     # L_rank and L_constrain in one op each way, in place of some 60 ATen ops through autograd
     rank, constrain = ops.class_terms(user_emb, pos_emb, c_neu, c_neg, noise_pos, noise_neg, valid, num_negative)

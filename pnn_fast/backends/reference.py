@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..csr import CSR
-from ..known import KnownPositives
+from ..known import KnownPositives, RowLookup
 from .rows import NORM_EPS, NegSize, dot, gather_rows, negative_class_size
 
 
@@ -71,10 +71,10 @@ def bottom_k_mask(scores: torch.Tensor, unlabeled: torch.Tensor, k: torch.Tensor
     return unlabeled & (rank < k[:, None])
 
 
-def _scored_rows(user_emb, item_table, users, pos_items, candidates, known):
+def _scored_rows(user_emb, item_table, pos_items, candidates, lookup: RowLookup):
     """What BPR and PNN share: scores [B, C], the unlabeled mask, the hard negative and L_BPR."""
     scores = row_scores(user_emb, item_table, candidates)
-    unlabeled = unlabeled_mask(known, users, pos_items, candidates)
+    unlabeled = unlabeled_mask(lookup.known, lookup.rows, pos_items, candidates)
     hard = hard_negative(scores, unlabeled)
     pos_emb = item_table[pos_items]
     pos_score = dot(user_emb, pos_emb)
@@ -83,13 +83,16 @@ def _scored_rows(user_emb, item_table, users, pos_items, candidates, known):
     return scores, unlabeled, hard, pos_emb, bpr
 
 
-def hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, known):
+def hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, known, lookup: RowLookup | None = None):
     """BPR against the in-row hardest unlabeled candidate (the paper's batch DNS).
 
+    ``lookup``: where the rows' known items are looked up, when not ``known``'s rows ``users``
+    (a compact table's ids, :mod:`pnn_fast.compact`).
     Returns ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``; bpr is 0 where the
     row has no unlabeled candidate (hard_negative -1).
     """
-    _, unlabeled, hard, _, bpr = _scored_rows(user_emb, item_table, users, pos_items, candidates, known)
+    lookup = RowLookup(known, users) if lookup is None else lookup
+    _, unlabeled, hard, _, bpr = _scored_rows(user_emb, item_table, pos_items, candidates, lookup)
     return bpr, hard, unlabeled.sum(dim=1)
 
 
@@ -120,7 +123,8 @@ def class_terms(user_emb: torch.Tensor, pos_emb: torch.Tensor, neutral: torch.Te
 def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                   pos_items: torch.Tensor, candidates: torch.Tensor, known: KnownPositives,
                   neg_size: NegSize, noise_pos: torch.Tensor, noise_neg: torch.Tensor,
-                  hard_candidates: torch.Tensor | None = None, candidates_unknown: bool = False) -> dict:
+                  hard_candidates: torch.Tensor | None = None, candidates_unknown: bool = False,
+                  lookup: RowLookup | None = None) -> dict:
     """Per-row PNN terms (docs/semantics.md).
 
     Args:
@@ -130,7 +134,9 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
         these (DNS's), while the classes stay the candidates'; candidates_unknown: the caller's
         promise that no candidate (or hard candidate) is a known item of its row's user (they were
         drawn by :func:`pnn_fast.sampling.sample_unknown`), which lets the fused backend skip the
-        known-item lookups; the reference looks them up anyway, so the parity tests check the promise.
+        known-item lookups; the reference looks them up anyway, so the parity tests check the promise;
+        lookup: where the rows' known items are looked up, when not ``known``'s rows ``users`` (a
+        compact table's ids, :mod:`pnn_fast.compact`); ``known`` still gives the class sizes.
     Returns:
         dict of [B] tensors: ``bpr``, ``rank``, ``constrain`` (float, 0 on rows without
         unlabeled candidates), ``hard_negative`` (int64 index into the candidates, or into
@@ -138,10 +144,11 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
         ``valid`` (bool).
     """
     cand_emb = candidate_embeddings(item_table, candidates)
+    lookup = RowLookup(known, users) if lookup is None else lookup
     # L_BPR with the in-batch dynamic hard negative, or DNS's
-    scores, unlabeled, hard, pos_emb, bpr = _scored_rows(user_emb, item_table, users, pos_items, candidates, known)
+    scores, unlabeled, hard, pos_emb, bpr = _scored_rows(user_emb, item_table, pos_items, candidates, lookup)
     if hard_candidates is not None:
-        bpr, hard, _ = hard_negative_bpr(user_emb, item_table, users, pos_items, hard_candidates, known)
+        bpr, hard, _ = hard_negative_bpr(user_emb, item_table, users, pos_items, hard_candidates, known, lookup)
     num_unlabeled = unlabeled.sum(dim=1)
     valid = num_unlabeled > 0
 

@@ -1,0 +1,181 @@
+"""How a step's cost grows with the catalog: every loss, dense and ``sparse=True``, at 100k, 1M and
+2M items with the same batch, beside a plain-PyTorch step that gathers the same rows.
+
+    python bench/bench_scale.py [--items 100000 1000000 2000000] [--batch 8192] [--threads 1]
+                                [--losses bpr dns sl pnn preset] [--json rows.json]
+    pytest bench/bench_scale.py                      # pytest-benchmark rows at 100k and 2M items
+
+The problem: 100k users holding 2M interactions whose items follow a power law (item i drawn with
+probability proportional to (i + 1)^-0.8), d = 64, float32. Only the number of items changes, so
+what a step adds from one catalog to the next is table-sized work.
+
+Each row is forward + backward of one loss on the batch's users and positives, with its negatives
+drawn once before timing (SL's 800 uniform unknown items a row, DNS's and BPR's 8 and 1; the
+preset draws its own 8 + 8 in the step, as it does in training). ``plain`` is the floor a loss
+cannot go below on the dense path: ``index_select`` of the users' rows and of each row's positive
+and 8 uniform negatives, their dot products, a log-sum-exp and ``backward()``, whose item gradient
+is a dense [I, d] table. ``mf-adam`` and ``mf-sparse-adam`` are a whole MF training step with BPR
+(loss, backward, optimiser): dense ``torch.optim.Adam`` over both tables against
+``torch.optim.SparseAdam`` with ``sparse=True`` gradients, which update only the rows the step read.
+
+Before timing, every loss's sparse step is checked against its dense step (the loss and the
+densified gradient). The table gives the median of ``--rounds`` steps and, per catalog, the
+milliseconds each row adds over the smallest catalog.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import environment, time_step  # noqa: E402
+
+from pnn_fast import BPRLoss, DNSLoss, PNNLoss, SampledSoftmaxLoss, embedding_bpr  # noqa: E402
+from pnn_fast.known import KnownPositives  # noqa: E402
+from pnn_fast.sampling import sample_unknown  # noqa: E402
+
+NUM_USERS, NUM_PAIRS, DIM = 100_000, 2_000_000, 64
+LOSSES = ("plain", "bpr", "dns", "sl", "pnn", "preset", "mf-adam", "mf-sparse-adam")
+NEGATIVES = {"plain": 8, "bpr": 1, "dns": 8, "sl": 800, "mf-adam": 1, "mf-sparse-adam": 1}
+
+
+def power_law_problem(num_items: int, batch: int, seed: int = 0) -> dict:
+    """The users' interactions, a batch of them and the two tables (see the module docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    users = torch.randint(0, NUM_USERS, (NUM_PAIRS,), generator=gen)
+    weights = torch.arange(1, num_items + 1, dtype=torch.float64).pow(-0.8)
+    items = torch.multinomial(weights, NUM_PAIRS, replacement=True, generator=gen)
+    known = KnownPositives.from_pairs(users, items, NUM_USERS, num_items)
+    pick = torch.randint(0, NUM_PAIRS, (batch,), generator=gen)
+    return {"known": known, "users": users[pick], "pos_items": items[pick],
+            "user_table": torch.randn(NUM_USERS, DIM, generator=gen) * 0.1,
+            "item_table": torch.randn(num_items, DIM, generator=gen) * 0.1}
+
+
+def make_step(name: str, p: dict, sparse: bool):
+    """A closure running one step of ``name`` (see LOSSES); returns the loss and the item gradient."""
+    known, users, pos = p["known"], p["users"], p["pos_items"]
+    user_table = torch.nn.Parameter(p["user_table"].clone())
+    item_table = torch.nn.Parameter(p["item_table"].clone())
+    gen = torch.Generator().manual_seed(1)
+    neg = sample_unknown(known, users, NEGATIVES.get(name, 8), gen) if name != "pnn" else None
+    torch.manual_seed(0)
+    loss_fn = {
+        "bpr": lambda: BPRLoss(validate=False, sparse=sparse),
+        "dns": lambda: DNSLoss(known, validate=False, sparse=sparse),
+        "sl": lambda: SampledSoftmaxLoss(known, validate=False, sparse=sparse),
+        "pnn": lambda: PNNLoss(known, DIM, validate=False, sparse=sparse),
+        "preset": lambda: PNNLoss.from_preset("dns-anchored", known, DIM, validate=False, sparse=sparse),
+    }.get(name, lambda: None)()
+    if name in ("mf-adam", "mf-sparse-adam"):
+        sparse = name == "mf-sparse-adam"
+        optimizer = (torch.optim.SparseAdam if sparse else torch.optim.Adam)([user_table, item_table], lr=1e-3)
+
+    def step():
+        user_table.grad = item_table.grad = None
+        torch.manual_seed(2)  # the preset's draws and PNN's noise and history: the same in every mode
+        if name == "plain":
+            rows = torch.cat([pos[:, None], neg], 1)
+            scores = (user_table.index_select(0, users)[:, None, :]
+                      * item_table.index_select(0, rows.reshape(-1)).view(*rows.shape, DIM)).sum(-1)
+            loss = scores.logsumexp(1).mean()
+        elif name in ("mf-adam", "mf-sparse-adam"):
+            loss = embedding_bpr(user_table, item_table, users, pos, neg, validate=False, sparse=sparse)
+        else:
+            user_emb = user_table.index_select(0, users)
+            args = (user_emb, item_table, pos, neg) if name == "bpr" else (user_emb, item_table, users, pos, neg)
+            loss = loss_fn(*args)
+        loss.backward()
+        if name in ("mf-adam", "mf-sparse-adam"):
+            optimizer.step()
+        return loss.detach(), item_table.grad
+
+    return step
+
+
+def check_sparse_matches_dense(name: str, p: dict) -> None:
+    """The sparse step's loss and densified item gradient equal the dense step's (before any timing)."""
+    dense_loss, dense_grad = make_step(name, p, sparse=False)()
+    loss, grad = make_step(name, p, sparse=True)()
+    if not grad.is_sparse:
+        raise AssertionError(f"{name}: sparse=True gave a dense gradient")
+    torch.testing.assert_close(loss, dense_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad.to_dense(), dense_grad, rtol=1e-4, atol=1e-7)
+
+
+def measure(items: list[int], batch: int, losses: list[str], rounds: int) -> list[dict]:
+    rows = []
+    for num_items in items:
+        p = power_law_problem(num_items, batch)
+        for name in losses:
+            modes = (False,) if name in ("plain", "mf-adam", "mf-sparse-adam") else (False, True)
+            if True in modes:
+                check_sparse_matches_dense(name, p)
+            for sparse in modes:
+                timing = time_step(make_step(name, p, sparse), torch.device("cpu"), rounds)
+                rows.append({"items": num_items, "loss": name, "sparse": sparse, "batch": batch, **timing})
+                print(f"{num_items:>9,} {name:<15} {'sparse' if sparse else 'dense':<6} "
+                      f"{timing['median_s'] * 1e3:9.1f} ms", flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: ms per step at each catalog size, the growth and the ms added over the smallest."""
+    sizes = sorted({r["items"] for r in rows})
+    keys = list(dict.fromkeys((r["loss"], r["sparse"]) for r in rows))
+    ms = {(r["loss"], r["sparse"], r["items"]): r["median_s"] * 1e3 for r in rows}
+    plain_added = {n: ms.get(("plain", False, n), float("nan")) - ms.get(("plain", False, sizes[0]), float("nan"))
+                   for n in sizes}
+    head = ["step", "gradient"] + [f"{n:,} items (ms)" for n in sizes] + [f"x at {sizes[-1]:,}", "ms added",
+                                                                          "added / plain's added"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for loss, sparse in keys:
+        times = [ms[(loss, sparse, n)] for n in sizes]
+        added = times[-1] - times[0]
+        ratio = added / plain_added[sizes[-1]] if plain_added[sizes[-1]] > 0 else float("nan")
+        grad = "sparse" if sparse or loss == "mf-sparse-adam" else "dense"
+        lines.append(f"| {loss} | {grad} | " + " | ".join(f"{t:,.1f}" for t in times)
+                     + f" | {times[-1] / times[0]:.2f} | {added:,.0f} | {ratio:.2f} |")
+    return "\n".join(lines)
+
+
+# pytest-benchmark: one row per (catalog, loss, gradient), checked before timing
+@pytest.fixture(scope="module", params=[100_000, 2_000_000], ids=lambda n: f"{n // 1000}k-items")
+def scale_problem(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield power_law_problem(request.param, 8192)
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("name", ["bpr", "dns", "sl", "pnn", "preset"])
+def test_step(benchmark, scale_problem, name, sparse):
+    check_sparse_matches_dense(name, scale_problem)
+    benchmark.pedantic(make_step(name, scale_problem, sparse), rounds=3, warmup_rounds=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, nargs="+", default=[100_000, 1_000_000, 2_000_000])
+    parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--losses", nargs="+", choices=LOSSES, default=list(LOSSES))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = measure(args.items, args.batch, args.losses, args.rounds)
+    print(json.dumps(environment()))
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
