@@ -83,6 +83,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-every", type=int, default=d.eval_every,
                    help="validate every N epochs (and after the last), as RecBole's eval_step")
     g.add_argument("--valid-metric", default=d.valid_metric, help="e.g. ndcg@20, recall@20, mrr@10")
+    g.add_argument("--sparse", action="store_true",
+                   help="large catalogs: sparse gradients of the rows a step reads and SparseAdam over the "
+                        "embedding tables (mf; losses bpr, dns, pnn, sl)")
     g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a model hyper-parameter by RecBole's name, e.g. n_layers=3 (repeatable)")
     g.add_argument("--loss-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -214,7 +217,7 @@ def _config(args, loss: str):
     return TrainConfig(
         model=args.model, loss=loss, dim=args.dim, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
         reg_weight=args.reg_weight, seed=args.seed, device=args.device, patience=args.patience,
-        eval_every=args.eval_every, valid_metric=args.valid_metric, loss_args=_loss_args(args),
+        eval_every=args.eval_every, valid_metric=args.valid_metric, sparse=args.sparse, loss_args=_loss_args(args),
         model_args=_parse_pairs("--model-arg", args.model_arg))
 
 

@@ -60,6 +60,7 @@ class TrainConfig:
     ks: tuple = (10, 20)
     eval_batch_size: int = 1024
     eval_every: int = 1
+    sparse: bool = False
     loss_args: dict = field(default_factory=dict)
     model_args: dict = field(default_factory=dict)
 
@@ -69,6 +70,8 @@ class TrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         check_real("lr", self.lr, low_open=True)
+        if not isinstance(self.sparse, bool):
+            raise ValueError(f"sparse must be True or False, got {self.sparse!r}")
         check_real("reg_weight", self.reg_weight)
         metric, _, k = self.valid_metric.partition("@")
         if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit():
@@ -116,6 +119,40 @@ class LeanAdamStep:
                         maximize=group["maximize"])
 
 
+class RowSparseAdam:
+    """The optimiser of ``--sparse``: ``torch.optim.SparseAdam`` over the embedding tables, whose
+    gradients are sparse COO tensors of the rows a step read, and which updates only those rows and
+    their moments (lazy Adam: a row's moments decay only on the steps that read it); the fused Adam
+    over every other parameter (the attention's), if any.
+
+    Same interface as :class:`LeanAdamStep` (``zero_grad``, ``step``) plus ``state_dict`` and
+    ``load_state_dict`` for checkpoints.
+    """
+
+    def __init__(self, tables: list, others: list, lr: float):
+        self.tables = torch.optim.SparseAdam(tables, lr=lr)
+        self.others = LeanAdamStep(torch.optim.Adam(others, lr=lr, fused=True)) if others else None
+
+    def zero_grad(self) -> None:
+        self.tables.zero_grad(set_to_none=True)
+        if self.others is not None:
+            self.others.zero_grad()
+
+    def step(self) -> None:
+        self.tables.step()
+        if self.others is not None:
+            self.others.step()
+
+    def state_dict(self) -> dict:
+        return {"tables": self.tables.state_dict(),
+                "others": None if self.others is None else self.others.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tables.load_state_dict(state["tables"])
+        if self.others is not None:
+            self.others.optimizer.load_state_dict(state["others"])
+
+
 class BatchStep(nn.Module):
     """One batch's loss: the objective's, the model's auxiliary loss, and the trainer's L2 term.
 
@@ -123,9 +160,9 @@ class BatchStep(nn.Module):
     (model and objective parameters alike) and sees its forward.
     """
 
-    def __init__(self, model: Recommender, objective: nn.Module, reg_weight: float):
+    def __init__(self, model: Recommender, objective: nn.Module, reg_weight: float, sparse: bool = False):
         super().__init__()
-        self.model, self.objective, self.reg_weight = model, objective, reg_weight
+        self.model, self.objective, self.reg_weight, self.sparse = model, objective, reg_weight, sparse
 
     def forward(self, users: torch.Tensor, pos: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """users, pos: int64 [B]; a 0-dim loss."""
@@ -134,7 +171,8 @@ class BatchStep(nn.Module):
         loss = out.loss + self.model.auxiliary_loss(users, pos) if self.model.has_auxiliary_loss else out.loss
         if self.reg_weight == 0 or out.l2_included:  # (RecBole's BPR model has no L2 term)
             return loss
-        return loss + self.reg_weight * embedding_l2(self.model, out.users, out.pos_items, out.neg_items)
+        return loss + self.reg_weight * embedding_l2(self.model, out.users, out.pos_items, out.neg_items,
+                                                     sparse=self.sparse)
 
 
 class Trainer:
@@ -164,21 +202,38 @@ class Trainer:
                          for name in ("valid", "test") if getattr(data, name)[0].numel()}
         self.model = build_model(config.model, data.num_users, data.num_items, train_users, train_items,
                                  dim=config.dim, **config.model_args).to(self.device)
-        self.objective = build_objective(config.loss, self.known, self.model, **config.loss_args).to(self.device)
-        self.step = BatchStep(self.model, self.objective, config.reg_weight)
+        if config.sparse:
+            self._check_sparse()
+        self.objective = build_objective(config.loss, self.known, self.model, sparse=config.sparse,
+                                         **config.loss_args).to(self.device)
+        self.step = BatchStep(self.model, self.objective, config.reg_weight, config.sparse)
         if self.world_size > 1:  # rank 0's initial parameters are broadcast to every replica
             self.step = DistributedDataParallel(self.step, device_ids=[self.device] if self.device.type == "cuda"
                                                 else None)
         params = list(self.model.parameters()) + list(self.objective.parameters())
-        # the fused (multi-tensor, one kernel) Adam: the same update as the default one, several
-        # times cheaper on the full embedding tables that every step updates
-        fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-        self.optimizer = torch.optim.Adam(params, lr=config.lr, fused=fused)
-        self.adam = LeanAdamStep(self.optimizer)
+        if config.sparse:
+            tables = [self.model.user_embedding.weight, self.model.item_embedding.weight]
+            others = [p for p in params if all(p is not t for t in tables)]
+            self.optimizer = self.adam = RowSparseAdam(tables, others, config.lr)
+        else:
+            # the fused (multi-tensor, one kernel) Adam: the same update as the default one, several
+            # times cheaper on the full embedding tables that every step updates
+            fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+            self.optimizer = torch.optim.Adam(params, lr=config.lr, fused=fused)
+            self.adam = LeanAdamStep(self.optimizer)
         self.history: list[dict] = []
         self.source = source_revision()  # recorded with each epoch this process trains
         self.best = {"epoch": -1, "score": -math.inf, "state": None}
         self.epoch = 0
+
+    def _check_sparse(self) -> None:
+        """``--sparse`` needs a model that scores with its embedding tables themselves, one process."""
+        user_table, item_table = self.model.embeddings()
+        if user_table is not self.model.user_embedding.weight or item_table is not self.model.item_embedding.weight:
+            raise ValueError(f"--sparse needs a model that scores with its embedding tables (mf); "
+                             f"{self.config.model} computes its tables from the whole graph every step")
+        if self.world_size > 1:
+            raise ValueError("--sparse runs in one process; under torchrun, train without it")
 
     # ---- one epoch ------------------------------------------------------------------
     def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

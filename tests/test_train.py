@@ -398,3 +398,60 @@ def test_source_revision_is_this_checkouts_commit(tmp_path):
     copy = {"__file__": str(package / "_version.py"), "__name__": "pnn_fast_copy"}
     exec(compile((package / "_version.py").read_text(), str(package / "_version.py"), "exec"), copy)
     assert copy["source_revision"]() is None
+
+
+@pytest.mark.parametrize("loss", ["bpr", "dns", "pnn", "sl"])
+def test_sparse_step_gives_the_dense_loss_and_gradients_as_sparse_rows(tmp_path, loss):
+    """--sparse: the trainer's whole batch loss (L2 term included) equals the dense one, and the
+    tables' gradients are sparse COO tensors holding the dense gradients' nonzero rows."""
+    data = synthetic_dataset(num_users=120, num_items=3000, interactions_per_user=12, seed=1)
+    loss_args = {"num_negatives": 16} if loss == "sl" else {}
+    grads = {}
+    for sparse in (False, True):
+        torch.manual_seed(0)
+        trainer = Trainer(data, TrainConfig(loss=loss, dim=8, reg_weight=0.05, sparse=sparse, loss_args=loss_args),
+                          tmp_path / str(sparse))
+        users, pos = trainer.train_users[:96], trainer.train_items[:96]
+        trainer.generator.manual_seed(7)
+        torch.manual_seed(3)  # PNN's noise and history draws
+        loss_value = trainer._batch_loss(users, pos)
+        loss_value.backward()
+        grads[sparse] = (loss_value.detach(), trainer.model.user_embedding.weight.grad,
+                         trainer.model.item_embedding.weight.grad)
+    (dense_loss, *dense), (sparse_loss, *sparse) = grads[False], grads[True]
+    torch.testing.assert_close(sparse_loss, dense_loss, rtol=1e-5, atol=1e-7)
+    for got, want in zip(sparse, dense):
+        assert got.is_sparse and not want.is_sparse
+        torch.testing.assert_close(got.to_dense(), want, rtol=1e-4, atol=1e-8)
+        assert got.coalesce().indices().numel() < want.shape[0]  # fewer rows than the table
+
+
+def test_sparse_training_updates_only_the_rows_read_and_resumes_exactly(tmp_path, two_threads):
+    data = small_data()
+    config = dict(loss="sl", epochs=3, batch_size=256, dim=8, patience=100, sparse=True,
+                  loss_args={"num_negatives": 4})
+    straight = run(data, TrainConfig(**config), tmp_path / "a", progress=False, log=lambda *_: None)
+    run(data, TrainConfig(**dict(config, epochs=2)), tmp_path / "b", progress=False, log=lambda *_: None)
+    resumed = run(data, TrainConfig(**config), tmp_path / "b", resume=True, progress=False, log=lambda *_: None)
+    assert [h["loss"] for h in resumed["epochs"]] == [h["loss"] for h in straight["epochs"]]
+    assert resumed["test"] == straight["test"]
+
+    trainer = Trainer(data, TrainConfig(**dict(config, epochs=1)), tmp_path / "c")
+    assert isinstance(trainer.optimizer.tables, torch.optim.SparseAdam)
+    before = trainer.model.item_embedding.weight.detach().clone()
+    users, pos = trainer.train_users[:4], trainer.train_items[:4]
+    trainer.adam.zero_grad()
+    trainer._batch_loss(users, pos).backward()
+    read = trainer.model.item_embedding.weight.grad.coalesce().indices()[0]
+    trainer.adam.step()
+    changed = (trainer.model.item_embedding.weight.detach() != before).any(dim=1).nonzero().squeeze(1)
+    assert torch.equal(changed, read.sort().values) and changed.numel() < before.shape[0]
+
+
+@pytest.mark.parametrize("config, fragment", [
+    (dict(loss="simplex"), "--sparse: loss 'simplex' has no sparse path; these do: bpr, dns, pnn, sl"),
+    (dict(model="lightgcn", loss="bpr"), "--sparse needs a model that scores with its embedding tables (mf)"),
+])
+def test_sparse_refuses_what_has_no_sparse_path(tmp_path, config, fragment):
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        Trainer(small_data(), TrainConfig(dim=8, sparse=True, **config), tmp_path)

@@ -8,12 +8,14 @@ overrides its ``DEFAULTS``.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import backends
+from ..compact import compact_items
 from ..known import KnownPositives
 from ..models import Recommender
 
@@ -47,12 +49,18 @@ class BatchLoss(NamedTuple):
 
 
 def embedding_l2(model: Recommender, users: torch.Tensor, pos_items: torch.Tensor,
-                 neg_items: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+                 neg_items: torch.Tensor | None = None, backend: str = "auto", sparse: bool = False) -> torch.Tensor:
     """RecBole's EmbLoss (``require_pow=False``) of a BPR-style batch: the sum of the Frobenius
     norms of the gathered layer-0 matrices ``U[users]``, ``I[pos_items]`` and ``I[neg_items]``
-    (each matrix its own norm, as RecBole's ``reg_loss(u, pos, neg)``), divided by B = ``users.numel()``."""
+    (each matrix its own norm, as RecBole's ``reg_loss(u, pos, neg)``), divided by B = ``users.numel()``.
+    ``sparse``: the tables' gradients are sparse COO tensors of the rows named (:mod:`pnn_fast.compact`)."""
     impl = backends.select(backend, model.user_embedding.weight.device)
     user_table, item_table = model.user_embedding.weight, model.item_embedding.weight
+    if sparse:
+        user_table, _, (users,), _ = compact_items(user_table, [users], sparse=True)
+        ids = [pos_items] + ([] if neg_items is None else [neg_items])
+        item_table, _, renamed, _ = compact_items(item_table, ids, sparse=True)
+        pos_items, neg_items = renamed[0], None if neg_items is None else renamed[1]
     total = impl.gathered_norm(user_table, users) + impl.gathered_norm(item_table, pos_items)
     if neg_items is not None:
         total = total + impl.gathered_norm(item_table, neg_items.reshape(-1))
@@ -66,6 +74,9 @@ class Objective(nn.Module):
     Args:
         known: the training interactions (never sampled as negatives).
         model: the recommender being trained (read for its sizes and layers).
+        sparse: the step's table gradients are sparse COO tensors of the rows it read (the
+            losses' ``sparse=True``), for a row-sparse optimiser; only objectives that set
+            ``SPARSE`` have that path, and only a model whose tables are leaves (MF).
         args: overrides of ``DEFAULTS`` by name; an unknown name is a ValueError.
 
     The L2 term belongs to the trainer, which passes its weight to :meth:`forward` as
@@ -75,14 +86,27 @@ class Objective(nn.Module):
 
     name = "objective"
     DEFAULTS: dict[str, Any] = {}
+    #: whether the objective has a ``sparse=True`` path
+    SPARSE: ClassVar[bool] = False
 
-    def __init__(self, known: KnownPositives, model: Recommender, **args):
+    def __init__(self, known: KnownPositives, model: Recommender, *, sparse: bool = False, **args):
         super().__init__()
         unknown = sorted(set(args) - set(self.DEFAULTS))
         if unknown:
             raise ValueError(f"loss {self.name!r} has no argument(s) {unknown}; valid: {sorted(self.DEFAULTS)}")
+        if sparse and not self.SPARSE:
+            have = sorted(name for name, cls in OBJECTIVES.items() if cls.SPARSE)
+            raise ValueError(f"--sparse: loss {self.name!r} has no sparse path; these do: {', '.join(have)}")
         self.known = known
+        self.sparse = bool(sparse)
         self.args = {**self.DEFAULTS, **args}
+
+    def user_rows(self, user_table: torch.Tensor, users: torch.Tensor) -> torch.Tensor:
+        """user_table[users] [B, d]; its gradient is sparse with ``sparse``. index_select, not
+        indexing, on the dense path: its backward adds repeated rows in a fixed order."""
+        if self.sparse:
+            return F.embedding(users, user_table, sparse=True)
+        return user_table.index_select(0, users)
 
     def forward(self, model: Recommender, users: torch.Tensor, pos_items: torch.Tensor,
                 generator: torch.Generator, reg_weight: float = 0.0) -> BatchLoss:

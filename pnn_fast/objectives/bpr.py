@@ -11,6 +11,7 @@ class BPRObjective(Objective):
     """BPR with one uniformly sampled unknown item per pair."""
 
     DEFAULTS = {"num_negatives": 1, "backend": "auto"}
+    SPARSE = True
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
@@ -19,5 +20,5 @@ class BPRObjective(Objective):
         fused_l2 = user_table is model.user_embedding.weight and item_table is model.item_embedding.weight
         loss = embedding_bpr(user_table, item_table, users, pos_items, neg,
                              reg_weight=reg_weight if fused_l2 else 0.0, backend=self.args["backend"],
-                             validate=False)
+                             validate=False, sparse=self.sparse)
         return BatchLoss(loss, users, pos_items, neg, l2_included=fused_l2)

@@ -1,7 +1,6 @@
 """DNS: BPR against the hardest of M uniformly sampled unknown items."""
 from __future__ import annotations
 
-from ..backends.rows import gather_rows
 from ..losses import DNSLoss
 from ..sampling import sample_unknown
 from .base import BatchLoss, Objective, register
@@ -13,13 +12,14 @@ class DNSObjective(Objective):
     or with the hardest of the batch's positives when ``in_batch``."""
 
     DEFAULTS = {"candidates": 8, "in_batch": False, "backend": "auto"}
+    SPARSE = True
 
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
-        self.loss_fn = DNSLoss(known, backend=self.args["backend"], validate=False)
+        self.loss_fn = DNSLoss(known, backend=self.args["backend"], validate=False, sparse=self.sparse)
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
         neg = None if self.args["in_batch"] else sample_unknown(self.known, users, int(self.args["candidates"]), generator)
-        loss = self.loss_fn(gather_rows(user_table, users), item_table, users, pos_items, neg)
+        loss = self.loss_fn(self.user_rows(user_table, users), item_table, users, pos_items, neg)
         return BatchLoss(loss, users, pos_items)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from ..backends.rows import gather_rows
 from ..losses import PNNLoss
 from .base import BatchLoss, Objective, register
 
@@ -29,6 +28,7 @@ class PNNObjective(Objective):
                 "noise_max": 0.1, "uniform_t": 2.0, "uniform_over": "items", "lambda_range": None,
                 "lambda_temperature": 1.0,
                 "candidates_across_ranks": False, "backend": "auto", "preset": None}
+    SPARSE = True
 
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
@@ -37,7 +37,8 @@ class PNNObjective(Objective):
             others = sorted(set(args) - {"preset", "backend"})
             if others:
                 raise ValueError(f"pnn: preset={a['preset']!r} sets every argument but backend; drop {others}")
-            self.loss_fn = PNNLoss.from_preset(a["preset"], known, model.dim, backend=a["backend"], validate=False)
+            self.loss_fn = PNNLoss.from_preset(a["preset"], known, model.dim, backend=a["backend"], validate=False,
+                                               sparse=self.sparse)
             return
         if a["hard_negative"] not in ("candidates", "sampled"):
             raise ValueError(f"pnn: hard_negative must be 'candidates' or 'sampled', got {a['hard_negative']!r}")
@@ -51,18 +52,18 @@ class PNNObjective(Objective):
                                num_candidates=None if a["in_batch"] else int(a["candidates"]),
                                num_hard_candidates=int(a["hard_candidates"]) if a["hard_negative"] == "sampled" else None,
                                noise_max=a["noise_max"], candidates_across_ranks=a["candidates_across_ranks"],
-                               uniform_t=a["uniform_t"], backend=a["backend"], validate=False)
+                               uniform_t=a["uniform_t"], backend=a["backend"], validate=False, sparse=self.sparse)
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
         # the loss draws its sampled candidates (if any) from the trainer's stream
-        loss = self.loss_fn(gather_rows(user_table, users), item_table, users, pos_items, generator=generator)
+        loss = self.loss_fn(self.user_rows(user_table, users), item_table, users, pos_items, generator=generator)
         return BatchLoss(loss, users, pos_items)
 
     @torch.no_grad()
     def nonfinite_terms(self, model, users, pos_items, generator):
         user_table, item_table = model.embeddings()
-        _, components = self.loss_fn(gather_rows(user_table, users), item_table, users, pos_items,
+        _, components = self.loss_fn(self.user_rows(user_table, users), item_table, users, pos_items,
                                      generator=generator, return_components=True)
         return [name for name, value in components.items()
                 if torch.is_floating_point(value) and not torch.isfinite(value).all()]

@@ -52,6 +52,7 @@ class SLObjective(Objective):
         "neutral_top": 0,  # above 0: the neutral class is each row's neutral_top highest draws (ours)
         "backend": "auto",
     }
+    SPARSE = True
 
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
@@ -60,7 +61,7 @@ class SLObjective(Objective):
         given = {"neg_size": a["neg_size"]} if "neg_size" in args else {}
         self.loss_fn = SampledSoftmaxLoss(known, num_negatives=a["num_negatives"], temperature=a["temperature"],
                                           neutral_weight=a["neutral_weight"], neutral_top=a["neutral_top"],
-                                          backend=a["backend"], validate=False, **given)
+                                          backend=a["backend"], validate=False, sparse=self.sparse, **given)
 
     def sample_negatives(self, users: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
@@ -72,8 +73,7 @@ class SLObjective(Objective):
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
-        # index_select, not indexing: its backward adds repeated rows in a fixed order (reproducible runs)
-        loss = self.loss_fn(user_table.index_select(0, users), item_table, users, pos_items, None, generator)
+        loss = self.loss_fn(self.user_rows(user_table, users), item_table, users, pos_items, None, generator)
         # L2 over the batch's users and positives only: the official regularisers' share of the K
         # negatives would touch B x K rows per batch (see docs/baselines/sl.md)
         return BatchLoss(loss, users, pos_items)
