@@ -41,6 +41,7 @@ from pnn_fast.sampling import sample_unknown  # noqa: E402
 
 NUM_USERS, NUM_PAIRS, DIM = 100_000, 2_000_000, 64
 LOSSES = ("plain", "bpr", "dns", "sl", "pnn", "preset", "mf-adam", "mf-sparse-adam")
+#: the negatives drawn before the step, per row
 NEGATIVES = {"plain": 8, "bpr": 1, "dns": 8, "sl": 800, "mf-adam": 1, "mf-sparse-adam": 1}
 
 
@@ -63,7 +64,8 @@ def make_step(name: str, p: dict, sparse: bool):
     user_table = torch.nn.Parameter(p["user_table"].clone())
     item_table = torch.nn.Parameter(p["item_table"].clone())
     gen = torch.Generator().manual_seed(1)
-    neg = sample_unknown(known, users, NEGATIVES.get(name, 8), gen) if name != "pnn" else None
+    # PNN's in-batch candidates are the positives; the preset draws its own in the step
+    neg = sample_unknown(known, users, NEGATIVES[name], gen) if name in NEGATIVES else None
     torch.manual_seed(0)
     loss_fn = {
         "bpr": lambda: BPRLoss(validate=False, sparse=sparse),
@@ -89,6 +91,7 @@ def make_step(name: str, p: dict, sparse: bool):
         else:
             user_emb = user_table.index_select(0, users)
             args = (user_emb, item_table, pos, neg) if name == "bpr" else (user_emb, item_table, users, pos, neg)
+            args = args[:-1] if neg is None else args
             loss = loss_fn(*args)
         loss.backward()
         if name in ("mf-adam", "mf-sparse-adam"):

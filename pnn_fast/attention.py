@@ -78,8 +78,9 @@ class UserAwareAttention(nn.Module):
         unique_users, row_of = torch.unique(users, return_inverse=True)
         items, mask = sample_history(known, unique_users, self.history_len, backend)
         # the key and <e_h, w1> depend on the item only: evaluate them once per distinct history item
-        if sparse:  # the empty slots (-1) are masked below: any row stands in for them
-            hist_rows, _, (hist_of,), _ = compact_items(item_table, [items.clamp_min(0)], sparse=True)
+        # a catalog larger than the history: sort the history, not a presence mask of the catalog
+        if sparse or item_table.shape[0] > items.numel():  # the empty slots (-1) are masked below
+            hist_rows, _, (hist_of,), _ = compact_items(item_table, [items.clamp_min(0)], sparse=sparse)
         else:
             hist_items, hist_of = _distinct_ids(items, item_table.shape[0])
             hist_rows = item_table[hist_items]

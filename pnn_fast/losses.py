@@ -21,7 +21,7 @@ from .attention import UserAwareAttention
 from .compact import compact_items
 from .distributed import gather_ids
 from .backends.rows import NORM_EPS, negative_class_size
-from .known import KnownPositives
+from .known import KnownPositives, RowLookup
 from .sampling import sample_unknown
 
 
@@ -164,9 +164,12 @@ class PNNLoss(nn.Module):
         if noise is None:
             noise = (torch.rand_like(user_emb) * self.noise_max, torch.rand_like(user_emb) * self.noise_max)
         table, lookup = item_table, None
-        if self.sparse:
-            ids = [pos_items, candidates] + ([] if hard_candidates is None else [hard_candidates])
-            table, renamed, lookup = _compact(item_table, ids, self.validate, known, users)
+        ids = [pos_items, candidates] + ([] if hard_candidates is None else [hard_candidates])
+        if self.sparse or _catalog_outweighs(item_table, ids):
+            # drawn unknown items need no lookup: nothing is known (the fused kernels skip it then too)
+            table, renamed, lookup = _compact(item_table, ids, self.validate, None if drawn_here else known, users,
+                                              sparse=self.sparse)
+            lookup = RowLookup(known.without_items, users) if drawn_here else lookup
             pos_items, candidates = renamed[0], renamed[1]
             hard_candidates = None if hard_candidates is None else renamed[2]
         terms = impl.pnn_row_terms(user_emb, table, users, pos_items, candidates, known,
@@ -223,14 +226,21 @@ class PNNLoss(nn.Module):
 
 
 def _compact(table: torch.Tensor, ids, validate: bool, known: Optional[KnownPositives] = None,
-             users: Optional[torch.Tensor] = None):
-    """``sparse=True``'s step: (the compact table, the renamed ids, the lookup or None), from
-    :func:`pnn_fast.compact.compact_items`; with ``validate``, the rows read must be finite (the
-    check ``validate_batch`` makes of the whole table on the dense path)."""
-    compact = compact_items(table, ids, sparse=True, known=known, users=users)
-    if validate:
+             users: Optional[torch.Tensor] = None, sparse: bool = True):
+    """(the compact table, the renamed ids, the lookup or None), from
+    :func:`pnn_fast.compact.compact_items`; with ``sparse`` and ``validate``, the rows read must be
+    finite (the check ``validate_batch`` makes of the whole table on the dense path)."""
+    compact = compact_items(table, ids, sparse=sparse, known=known, users=users)
+    if validate and sparse:
         check_values([], [("item_table", compact.table)])
     return compact.table, compact.ids, compact.lookup
+
+
+def _catalog_outweighs(item_table: torch.Tensor, ids) -> bool:
+    """Whether the dense path should gather the step's rows first, too: when the table has more rows
+    than the step has ids, its table-sized passes (each op's own [I, d] gradient, and their sum)
+    cost more than one sort of the ids, and the gather leaves one, the ``index_select``'s."""
+    return item_table.shape[0] > sum(t.numel() for t in ids)
 
 
 def first_rows(ids: torch.Tensor) -> torch.Tensor:

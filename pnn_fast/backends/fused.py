@@ -26,9 +26,10 @@ def _bpr(user_emb, item_table, pos_items, candidates, hard):
     """(bpr, pos_emb) given the hard negatives, as the reference computes them."""
     index = hard.clamp_min(0)
     hard_items = candidates[index] if candidates.dim() == 1 else candidates.gather(1, index[:, None]).squeeze(1)
-    pos_emb = gather_rows(item_table, pos_items)
+    # one gather for both: one dense [I, d] gradient to allocate and fill, not two and their sum
+    pos_emb, hard_emb = gather_rows(item_table, torch.stack([pos_items.long(), hard_items]))
     pos_score = dot(user_emb, pos_emb)
-    hard_score = dot(user_emb, gather_rows(item_table, hard_items))
+    hard_score = dot(user_emb, hard_emb)
     bpr = torch.where(hard >= 0, F.softplus(hard_score - pos_score), torch.zeros_like(pos_score))
     return bpr, pos_emb
 
