@@ -2,7 +2,7 @@
 2M items with the same batch, beside a plain-PyTorch step that gathers the same rows.
 
     python bench/bench_scale.py [--items 100000 1000000 2000000] [--batch 8192] [--threads 1]
-                                [--losses bpr dns sl pnn preset] [--json rows.json]
+                                [--losses bpr dns sl pnn preset] [--eval-users 512] [--json rows.json]
     pytest bench/bench_scale.py                      # pytest-benchmark rows at 100k and 2M items
 
 The problem: 100k users holding 2M interactions whose items follow a power law (item i drawn with
@@ -18,6 +18,11 @@ is a dense [I, d] table. ``mf-adam`` and ``mf-sparse-adam`` are a whole MF train
 (loss, backward, optimiser): dense ``torch.optim.Adam`` over both tables against
 ``torch.optim.SparseAdam`` with ``sparse=True`` gradients, which update only the rows the step read.
 
+``eval`` is full-ranking evaluation (:func:`pnn_fast.eval.evaluate`, top 20 of every item, the users'
+known items excluded) of ``--eval-users`` users holding 5 held-out items each, in users per second,
+beside its floor: the users x items x d multiply-adds at the rate a cache-resident product
+([128, 64] x [64, 4,096], float32) runs at in the same process.
+
 Before timing, every loss's sparse step is checked against its dense step (the loss and the
 densified gradient). The table gives the median of ``--rounds`` steps and, per catalog, the
 milliseconds each row adds over the smallest catalog.
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import environment, time_step  # noqa: E402
 
 from pnn_fast import BPRLoss, DNSLoss, PNNLoss, SampledSoftmaxLoss, embedding_bpr  # noqa: E402
+from pnn_fast.eval import evaluate  # noqa: E402
+from pnn_fast.csr import CSR  # noqa: E402
 from pnn_fast.known import KnownPositives  # noqa: E402
 from pnn_fast.sampling import sample_unknown  # noqa: E402
 
@@ -111,10 +119,39 @@ def check_sparse_matches_dense(name: str, p: dict) -> None:
     torch.testing.assert_close(grad.to_dense(), dense_grad, rtol=1e-4, atol=1e-7)
 
 
-def measure(items: list[int], batch: int, losses: list[str], rounds: int) -> list[dict]:
+def gemm_rate(rounds: int = 200) -> float:
+    """Multiply-adds per second of a cache-resident float32 product, [128, 64] x [64, 4096]."""
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(128, DIM, generator=gen), torch.randn(DIM, 4096, generator=gen)
+    out = torch.empty(128, 4096)
+    torch.mm(a, b, out=out)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        torch.mm(a, b, out=out)
+    return rounds * 128 * 4096 * DIM / (time.perf_counter() - start)
+
+
+def eval_throughput(p: dict, num_users: int, rounds: int) -> dict:
+    """Users per second of full-ranking evaluation over the whole catalog, and its floor."""
+    gen = torch.Generator().manual_seed(4)
+    num_items = p["item_table"].shape[0]
+    users = torch.arange(num_users).repeat_interleave(5)
+    truth = CSR.from_pairs(users, torch.randint(0, num_items, (users.numel(),), generator=gen), NUM_USERS, num_items)
+    timing = time_step(lambda: evaluate(p["user_table"], p["item_table"], truth, [p["known"]], ks=(20,)),
+                       torch.device("cpu"), rounds)
+    floor = gemm_rate() / (num_items * DIM)
+    return {**timing, "users_per_s": num_users / timing["median_s"], "floor_users_per_s": floor}
+
+
+def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_users: int) -> list[dict]:
     rows = []
     for num_items in items:
         p = power_law_problem(num_items, batch)
+        if eval_users:
+            result = eval_throughput(p, eval_users, rounds)
+            rows.append({"items": num_items, "loss": "eval", "sparse": False, **result})
+            print(f"{num_items:>9,} eval: {result['users_per_s']:.1f} users/s, floor "
+                  f"{result['floor_users_per_s']:.1f} users/s", flush=True)
         for name in losses:
             modes = (False,) if name in ("plain", "mf-adam", "mf-sparse-adam") else (False, True)
             if True in modes:
@@ -130,6 +167,8 @@ def measure(items: list[int], batch: int, losses: list[str], rounds: int) -> lis
 def table(rows: list[dict]) -> str:
     """Markdown: ms per step at each catalog size, the growth and the ms added over the smallest."""
     sizes = sorted({r["items"] for r in rows})
+    evals = {r["items"]: r for r in rows if r["loss"] == "eval"}
+    rows = [r for r in rows if r["loss"] != "eval"]
     keys = list(dict.fromkeys((r["loss"], r["sparse"]) for r in rows))
     ms = {(r["loss"], r["sparse"], r["items"]): r["median_s"] * 1e3 for r in rows}
     plain_added = {n: ms.get(("plain", False, n), float("nan")) - ms.get(("plain", False, sizes[0]), float("nan"))
@@ -144,6 +183,10 @@ def table(rows: list[dict]) -> str:
         grad = "sparse" if sparse or loss == "mf-sparse-adam" else "dense"
         lines.append(f"| {loss} | {grad} | " + " | ".join(f"{t:,.1f}" for t in times)
                      + f" | {times[-1] / times[0]:.2f} | {added:,.0f} | {ratio:.2f} |")
+    if evals:
+        lines += ["", "| items | eval users/s | floor users/s | floor / measured |", "|---|---|---|---|"]
+        lines += [f"| {n:,} | {r['users_per_s']:.1f} | {r['floor_users_per_s']:.1f} | "
+                  f"{r['floor_users_per_s'] / r['users_per_s']:.2f} |" for n, r in sorted(evals.items())]
     return "\n".join(lines)
 
 
@@ -169,11 +212,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--losses", nargs="+", choices=LOSSES, default=list(LOSSES))
+    parser.add_argument("--losses", nargs="*", choices=LOSSES, default=list(LOSSES))
+    parser.add_argument("--eval-users", type=int, default=512, help="users evaluated (0: no evaluation row)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = measure(args.items, args.batch, args.losses, args.rounds)
+    rows = measure(args.items, args.batch, args.losses, args.rounds, args.eval_users)
     print(json.dumps(environment()))
     print(table(rows))
     if args.json:

@@ -9,7 +9,8 @@ Each round runs every case once in this checkout and once in ``--base``, each in
 one thread (``OMP_WAIT_POLICY=passive``), so a drift of the machine's speed falls on both. A step is
 bench_scale.py's dense loss step (forward + backward, B = 8192, d = 64, the power-law catalog of
 ``--items`` items), timed as the median of 5 calls after a warm-up; an epoch is one ML-1M training
-epoch of bench_epochs.py's case (MF, batch 2048), after a warm-up epoch. The table gives the median
+epoch of bench_epochs.py's case (MF, batch 2048), after a warm-up epoch; an evaluation is
+bench_scale.py's (256 users over the whole catalog, the median of 2 after a warm-up). The table gives the median
 over rounds and this checkout's time over the base's.
 """
 from __future__ import annotations
@@ -23,6 +24,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pnn_fast.data import default_data_dir  # noqa: E402
 
 # Runs in a child whose sys.path starts at the checkout under test. The step is written against the
 # API both revisions share (no sparse=), so the same code times both.
@@ -59,6 +63,15 @@ for _ in range(5):
 print(json.dumps({{"seconds": statistics.median(times)}}))
 """
 
+EVAL_CHILD = r"""
+import json, sys
+import torch
+torch.set_num_threads(1)
+sys.path.insert(0, {bench!r})
+from bench_scale import eval_throughput, power_law_problem
+print(json.dumps({{"seconds": eval_throughput(power_law_problem({items}, 8192), 256, 2)["median_s"]}}))
+"""
+
 EPOCH_CHILD = r"""
 import json, sys, tempfile, time
 import torch
@@ -79,7 +92,9 @@ with tempfile.TemporaryDirectory() as out:
 
 
 def run_child(checkout: Path, code: str) -> float:
-    env = dict(os.environ, OMP_WAIT_POLICY="passive", OMP_NUM_THREADS="1", PYTHONPATH=str(checkout))
+    # both read this checkout's data folder: the base's default would be beside the base
+    env = dict(os.environ, OMP_WAIT_POLICY="passive", OMP_NUM_THREADS="1", PYTHONPATH=str(checkout),
+               PNN_FAST_DATA=str(default_data_dir()))
     # the package under test must be the checkout's, not an installed one
     guard = (f"import pnn_fast, pathlib; assert pathlib.Path(pnn_fast.__file__).resolve().is_relative_to("
              f"{str(checkout.resolve())!r}), pnn_fast.__file__\n")
@@ -97,12 +112,16 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--epochs", nargs="*", default=["dns", "pnn-dns-anchored"],
                         help="bench_epochs.py cases timed as one ML-1M epoch")
+    parser.add_argument("--eval-items", type=int, nargs="*", default=[],
+                        help="catalog sizes at which to time full-ranking evaluation of 256 users")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     bench = str(ROOT / "bench")  # this checkout's harness times both
     cases = [(f"step {name} @ {args.items:,} items", STEP_CHILD.format(bench=bench, name=name, items=args.items))
              for name in args.steps]
     cases += [(f"ML-1M epoch {name}", EPOCH_CHILD.format(bench=bench, name=name)) for name in args.epochs]
+    cases += [(f"evaluate 256 users @ {items:,} items", EVAL_CHILD.format(bench=bench, items=items))
+              for items in args.eval_items]
     times = {label: {"base": [], "this": []} for label, _ in cases}
     for round_ in range(args.rounds):
         for label, code in cases:

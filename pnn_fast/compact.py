@@ -69,8 +69,7 @@ def compact_items(item_table: torch.Tensor, ids: Sequence[torch.Tensor], *, spar
     slot = torch.cumsum(first, 0) - 1  # each sorted id's row of the compact table
     known_count = None
     if known is not None:
-        starts, ends = known.indptr[users], known.indptr[users + 1]
-        known_count = (ends - starts).sum()
+        known_count = known.row_lengths(users).sum()
     # the one host read: the sizes of the compact table and of the batch's known items
     counts = torch.stack([slot[-1] + 1, known_count if known_count is not None else slot[-1]]).tolist()
     num_distinct = counts[0]
@@ -106,11 +105,7 @@ def compact_lookup(known: KnownPositives, users: torch.Tensor, items: torch.Tens
     users = users.long()
     batch, n = users.numel(), items.numel()
     device = users.device
-    starts = known.indptr[users]
-    counts = known.indptr[users + 1] - starts
-    row = torch.repeat_interleave(torch.arange(batch, device=device), counts, output_size=total)
-    offsets = torch.cumsum(counts, 0) - counts
-    item = known.indices[starts[row] + torch.arange(total, device=device) - offsets[row]]
+    row, item = known.entries_of(users, total)
     where = torch.searchsorted(items, item).clamp_max(max(n - 1, 0))
     hit = items[where] == item
     # the hits, kept in row order: a hit's place is the number of hits up to it

@@ -93,18 +93,27 @@ class CSR:
         rows = rows.long()
         return self.indptr[rows + 1] - self.indptr[rows]
 
-    def entries_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def entries_of(self, rows: torch.Tensor, total: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The entries of ``rows`` (int [n]), in order: (position of the row in ``rows``, column id),
-        both int64 [entries]; row-major, so ascending columns within a row."""
+        both int64 [entries]; row-major, so ascending columns within a row. ``total``: the number
+        of entries, when the caller knows it (else it is read back from the device)."""
         rows = rows.long()
         start = self.indptr[rows]
         counts = self.indptr[rows + 1] - start
-        total = int(counts.sum())
+        total = int(counts.sum()) if total is None else total
         local = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), counts, output_size=total)
         # Entry t of the result is entry (t - first entry of its row) of that row in the CSR.
         row_first = torch.cumsum(counts, 0) - counts
         position = start[local] + torch.arange(total, device=rows.device) - row_first[local]
         return local, self.indices[position]
+
+    def select_rows(self, rows: torch.Tensor) -> "CSR":
+        """The CSR of ``rows`` (int [n]) alone: row r of the result is row ``rows[r]`` of this one."""
+        counts = self.row_lengths(rows)
+        indptr = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=self.indptr.device)
+        torch.cumsum(counts, 0, out=indptr[1:])
+        _, indices = self.entries_of(rows)
+        return CSR(indptr, indices, rows.numel(), self.num_cols)
 
     def to(self, device):
         """A copy on ``device`` (self when already there)."""

@@ -33,12 +33,14 @@ has fewer than K candidate items and ``-inf`` entries fill the list.
 A NaN score at an item that is not excluded is an error (ValueError), not a silent rank.
 
 Cost: users are processed ``batch_size`` at a time.  Each batch is scored by products
-``[tile, d] x [d, I]`` (the whole batch on a GPU, :data:`CPU_SCORE_TILE` users on the CPU) and,
-with the compiled kernels, one pass of :func:`pnn_fast.ops.masked_topk` over each that keeps each
-row's K best in a small buffer (a threshold sampled from the row, raised by a quickselect) and
-looks excluded items up only for the few scores that could enter, then
-:func:`pnn_fast.ops.rows_contain` for the ranked items' relevance; without them, the reference
-(a masked copy and ``torch.topk``; a searchsorted).  Nothing of size users x items is ever allocated.
+``[tile, d] x [d, chunk]`` (the whole batch on a GPU, :data:`CPU_SCORE_TILE` users on the CPU;
+items :data:`ITEM_CHUNK` at a time) and, with the compiled kernels, one pass of
+:func:`pnn_fast.ops.masked_topk` over each that keeps each row's K best in a small buffer (a
+threshold sampled from the row, raised by a quickselect) and looks excluded items up only for the
+few scores that could enter; the chunks' lists are merged into a running top K.  Then
+:func:`pnn_fast.ops.rows_contain` gives the ranked items' relevance.  Without the kernels, the
+reference (a masked copy and ``torch.topk``; a searchsorted).  Memory is bounded by the tile
+times the chunk whatever the catalog: nothing of size users x items is ever allocated.
 """
 from __future__ import annotations
 
@@ -57,6 +59,12 @@ METRICS = ("recall", "ndcg", "hit", "precision", "mrr")
 # (bench/bench_eval.py) the products alone took 1.9 s a Gowalla pass in tiles of 128 against 4.2 s
 # in batches of 1,024; on ML-1M, whose batch output is smaller, 26 ms against 25-30 ms.
 CPU_SCORE_TILE = 128
+
+# Items scored at a time: a catalog larger than this is ranked chunk by chunk, each chunk's top K
+# merged into a running one, so that a CPU tile's scores ([128, 16,384] float32, 8 MB) stay in
+# cache for masked_topk, and a GPU batch's ([1,024, 16,384], 64 MB) stay bounded at any catalog
+# size.  A smaller catalog is ranked in one pass, as before chunking.
+ITEM_CHUNK = 16384
 
 
 def _is_pair(obj) -> bool:
@@ -98,6 +106,39 @@ def _as_csr(name: str, obj, num_users: int, num_items: int, device: torch.device
         rows = torch.repeat_interleave(torch.arange(num_users, device=device), indptr[1:] - indptr[:-1])
         return CSR.from_checked_pairs(rows, indices, num_users, num_items)
     return CSR(indptr, indices, num_users, num_items)
+
+
+def ranked_items(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_table: torch.Tensor,
+                 exclude: Sequence[CSR], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each user's k best items by dot product, an item in any ``exclude`` row of its user scoring -inf.
+
+    Args:
+        ranking: a backend module (its ``masked_topk``); user_rows: float [T, d]; users: int [T],
+        their rows in ``exclude``; item_table: float [I, d]; exclude: CSRs over users; 1 <= k <= I.
+    Returns:
+        (values [T, k], items int64 [T, k]): best first, equal scores by ascending item id (as one
+        ``masked_topk`` over all I columns gives), ``-inf`` for excluded items.
+    """
+    num_items = item_table.shape[0]
+    if num_items <= ITEM_CHUNK:
+        return ranking.masked_topk(user_rows @ item_table.T, users, exclude, k)
+    # the tile's own exclusions, rows 0..T-1: shifted to a chunk's columns per chunk at little cost
+    local = [mask.select_rows(users) for mask in exclude]
+    rows = torch.arange(users.numel(), device=users.device)
+    best_values = best_items = None
+    for offset in range(0, num_items, ITEM_CHUNK):
+        chunk = item_table[offset:offset + ITEM_CHUNK]
+        # ids outside the chunk, negative or beyond it, match no column
+        shifted = [CSR(mask.indptr, mask.indices - offset, mask.num_rows, chunk.shape[0]) for mask in local]
+        values, columns = ranking.masked_topk(user_rows @ chunk.T, rows, shifted, min(k, chunk.shape[0]))
+        items = columns + offset
+        if best_values is not None:
+            # the earlier chunks' items first: a stable sort then orders equal scores by ascending id
+            values, items = torch.cat([best_values, values], 1), torch.cat([best_items, items], 1)
+            order = torch.sort(values, dim=1, descending=True, stable=True).indices[:, :k]
+            values, items = values.gather(1, order), items.gather(1, order)
+        best_values, best_items = values, items
+    return best_values, best_items
 
 
 @torch.no_grad()
@@ -164,7 +205,7 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
         users = evaluated[begin:begin + batch_size]
         user_rows = user_table[users]  # [B, d]
         tile = CPU_SCORE_TILE if device.type == "cpu" else users.numel()
-        tiles = [ranking.masked_topk(user_rows[at:at + tile] @ item_table.T, users[at:at + tile], masks, ranked)
+        tiles = [ranked_items(ranking, user_rows[at:at + tile], users[at:at + tile], item_table, masks, ranked)
                  for at in range(0, users.numel(), tile)]
         values = torch.cat([tile_values for tile_values, _ in tiles])  # [B, K]
         top = torch.cat([tile_top for _, tile_top in tiles])  # [B, K]

@@ -275,3 +275,32 @@ def test_unsorted_csr_rows_are_sorted_first(backend):
         shuffled.append(SimpleNamespace(indptr=csr.indptr, indices=csr.indices[torch.argsort(keys)]))
     assert any(bool((s.indices[1:] < s.indices[:-1]).any()) for s in shuffled)
     assert evaluate(users, items, shuffled[0], shuffled[1], ks=(3, 10), backend=backend) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("integer", [False, True])
+@pytest.mark.parametrize("chunk", [1, 7, 16])
+def test_items_ranked_chunk_by_chunk_match_one_pass(monkeypatch, chunk, integer, backend):
+    """A catalog above ITEM_CHUNK is ranked in chunks merged into a running top K: the same values,
+    the same items (ties by ascending id, excluded items -inf) and so the same metrics as one pass."""
+    from pnn_fast import backends
+    from pnn_fast import eval as eval_module
+    from pnn_fast.csr import CSR
+
+    users, items, truth, exclude = _random_case(11, integer=integer)
+    num_users, num_items = users.shape[0], items.shape[0]
+    ranking = backends.select(backend, users.device)
+    masks = [CSR.from_pairs(u, i, num_users, num_items) for u, i in exclude]
+    rows = torch.arange(num_users)
+    k = 20  # above two of the chunks: a chunk's list is then shorter than the running one
+    one_values, one_items = eval_module.ranked_items(ranking, users, rows, items, masks, k)
+    expected = evaluate(users, items, truth, exclude, ks=(1, 3, 10, 20), batch_size=8, backend=backend)
+    monkeypatch.setattr(eval_module, "ITEM_CHUNK", chunk)
+    values, ranked = eval_module.ranked_items(ranking, users, rows, items, masks, k)
+    # a product with fewer columns may round a score differently (continuous inputs: by an ulp)
+    exact = {"rtol": 0, "atol": 0} if integer else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(values, one_values, **exact)
+    finite = one_values > -math.inf  # the order of excluded fillers is not part of the contract
+    assert torch.equal(ranked[finite], one_items[finite])
+    got = evaluate(users, items, truth, exclude, ks=(1, 3, 10, 20), batch_size=8, backend=backend)
+    assert got == pytest.approx(expected, abs=1e-12)

@@ -324,7 +324,8 @@ def masked_topk(scores: torch.Tensor, users: torch.Tensor, exclude: Sequence[CSR
     scores = scores.clone()
     for mask in exclude:
         rows, items = mask.entries_of(users)
-        scores[rows, items] = -math.inf
+        inside = (items >= 0) & (items < scores.shape[1])  # an id outside the columns matches none
+        scores[rows[inside], items[inside]] = -math.inf
     nan_rows = torch.isnan(scores).any(dim=1).nonzero()
     if nan_rows.numel():
         raise ValueError(f"scores row {int(nan_rows[0])} has a NaN at a column that is not excluded")
