@@ -13,7 +13,9 @@ from ._checks import check_int, check_real
 from .data import load_dataset, synthetic_dataset
 from .objectives import OBJECTIVES
 from .study import load_plan, run_study, write_summary
-from .train import Trainer, TrainConfig, TrainingInterrupted, load_config, run
+from .csr import CSR
+from .recommend import export_embeddings, top_items, write_recommendations
+from .train import Trainer, TrainConfig, TrainingInterrupted, load_config, read_checkpoint, run
 
 EXAMPLES = """examples:
   pnn-fast train                                   # built-in synthetic data, MF + PNN
@@ -21,6 +23,7 @@ EXAMPLES = """examples:
   pnn-fast train --data ratings.csv --loss dns --epochs 50 --out runs/dns
   pnn-fast compare --data ../shared/data/ml-100k --losses simplex,uib --epochs 20
   pnn-fast evaluate --checkpoint runs/pnn/checkpoint.pt --data ../shared/data/ml-1m --split rs
+  pnn-fast recommend --checkpoint runs/pnn/checkpoint.pt --data ../shared/data/ml-1m --split rs --k 20 --out recs.csv
   pnn-fast study studies/example.toml --jobs 2 --threads 1    # a grid of runs, resumable; studies/README.md
   torchrun --nproc-per-node 2 -m pnn_fast train --loss pnn --loss-arg candidates_across_ranks=true
 """
@@ -140,6 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by train")
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--split-name", default="test", choices=["valid", "test"])
+    rec = sub.add_parser("recommend", help="each user's top K items from a checkpoint, as CSV in the data's ids; "
+                         "optionally the embeddings for serving", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_data_args(rec)
+    rec.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by train")
+    rec.add_argument("--out", required=True, help="CSV of user,rank,item,score")
+    rec.add_argument("--k", type=_checked(int, check_int, "--k", minimum=1), default=20, help="items per user")
+    rec.add_argument("--users", default=None, help="a file of original user ids, one a line (default: every user)")
+    rec.add_argument("--embeddings", default=None, metavar="FOLDER",
+                     help="also write the user and item embeddings (.npy) with their original ids (.json)")
+    rec.add_argument("--device", default="cpu")
     st = sub.add_parser("study", help="train a TOML plan's datasets x models x configs x seeds (resumable, parallel) "
                         "and summarise them")
     st.add_argument("plan", help="the plan, a TOML file (format: studies/README.md)")
@@ -262,8 +275,9 @@ def _compare(args) -> None:
     print(table)
 
 
-def _evaluate(args) -> None:
-    state = torch.load(args.checkpoint, map_location=args.device, weights_only=False)
+def _trained_model(args):
+    """(data, trainer holding the checkpoint's best model) for ``evaluate`` and ``recommend``."""
+    state = read_checkpoint(args.checkpoint, args.device)
     config = load_config(state["config"], device=args.device)
     data = _load_data(args)
     # the checkpoint's tables declare the id spaces; other data would fail deep in load_state_dict
@@ -274,8 +288,46 @@ def _evaluate(args) -> None:
                          f"--rating-threshold, --kcore) it was trained with")
     trainer = Trainer(data, config, Path(args.checkpoint).parent)
     trainer.restore(state["best"]["state"] or {"model": state["model"], "objective": state["objective"]})
+    return data, trainer
+
+
+def _evaluate(args) -> None:
+    _, trainer = _trained_model(args)
     metrics = trainer.evaluate_split(args.split_name)
     print(json.dumps(metrics, indent=2))
+
+
+def _user_rows(path: str, data) -> torch.Tensor:
+    """The internal ids of the users a file lists, one original id a line (blank lines skipped)."""
+    internal = {str(name): row for row, name in enumerate(data.user_ids)} if data.user_ids is not None else None
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            text = line.strip()
+            if not text:
+                continue
+            row = internal.get(text) if internal is not None else (int(text) if text.isdigit() else None)
+            if row is None or not 0 <= row < data.num_users:
+                raise ValueError(f"{path}:{number}: user {text!r} is not in --data")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"--users {path} lists no user")
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def _recommend(args) -> None:
+    data, trainer = _trained_model(args)
+    users = (_user_rows(args.users, data) if args.users else torch.arange(data.num_users)).to(trainer.device)
+    user_table, item_table = trainer.scoring_tables()
+    # every item the data holds for a user (train, valid and test) is known: never recommended
+    pairs = [torch.cat([split[side] for split in (data.train, data.valid, data.test)]) for side in (0, 1)]
+    known = CSR.from_pairs(pairs[0], pairs[1], data.num_users, data.num_items).to(trainer.device)
+    written = write_recommendations(args.out, top_items(user_table, item_table, users, [known], args.k),
+                                    data.user_ids, data.item_ids)
+    print(f"recommendations: {args.out} ({written:,} rows, top {args.k} of {users.numel():,} users)")
+    if args.embeddings:
+        export_embeddings(args.embeddings, user_table, item_table, data.user_ids, data.item_ids)
+        print(f"embeddings: {args.embeddings}")
 
 
 def _study(args) -> None:
@@ -296,7 +348,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        {"train": _train, "compare": _compare, "evaluate": _evaluate, "study": _study}[args.command](args)
+        {"train": _train, "compare": _compare, "evaluate": _evaluate, "recommend": _recommend,
+         "study": _study}[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
         print(f"pnn-fast: error: {err}", file=sys.stderr)
         return 2

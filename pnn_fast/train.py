@@ -14,7 +14,9 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import platform
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -338,7 +340,7 @@ class Trainer:
                                        f"{self.epoch}: {reason}; {kept}") from None
 
     def load_checkpoint(self) -> None:
-        state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
+        state = read_checkpoint(self.checkpoint_path, self.device)
         saved = {k: v for k, v in state["config"].items() if k not in ("epochs", "patience", "device")}
         current = {k: v for k, v in asdict(self.config).items() if k in saved}
         changed = sorted(k for k in saved if json.dumps(saved[k], default=str) != json.dumps(current[k], default=str))
@@ -465,6 +467,39 @@ def plot_curves(history: list, metric: str, path: Path) -> None:
     plt.close(fig)
 
 
+#: what every checkpoint written by :meth:`Trainer.save_checkpoint` holds
+CHECKPOINT_KEYS = ("config", "epoch", "history", "best", "model", "objective", "optimizer")
+
+
+def read_checkpoint(path: os.PathLike | str, device="cpu") -> dict:
+    """A checkpoint written by :meth:`Trainer.save_checkpoint`, loaded onto ``device``.
+
+    Loaded with ``torch.load(weights_only=True)``: tensors and plain data only, so a checkpoint from
+    someone else cannot run code. Anything else (a folder, a file that is not a checkpoint, one that
+    carries pickled objects) is a ValueError of one line naming the file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"checkpoint {path} is a folder; give the checkpoint.pt inside it")
+    if not path.is_file():
+        raise FileNotFoundError(f"no such checkpoint: {path}")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if found:  # what weights_only refuses: objects beyond tensors and plain data
+            raise ValueError(f"checkpoint {path} was refused: it holds a Python object ({found.group(1)}) that "
+                             f"loading would construct, so it could run code") from None
+        raise ValueError(f"checkpoint {path} is not a checkpoint written by pnn-fast train (unreadable)") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        reason = " ".join(str(err).split())[:160] or type(err).__name__
+        raise ValueError(f"checkpoint {path} is not a checkpoint written by pnn-fast train ({reason})") from None
+    if not isinstance(state, dict) or any(key not in state for key in CHECKPOINT_KEYS):
+        raise ValueError(f"checkpoint {path} is not a checkpoint written by pnn-fast train (it lacks "
+                         f"{[key for key in CHECKPOINT_KEYS if not isinstance(state, dict) or key not in state]})")
+    return state
+
+
 def load_config(d: dict, **overrides) -> TrainConfig:
     """A TrainConfig from a saved dict (e.g. a checkpoint's), with ``overrides`` applied."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -478,4 +513,4 @@ def run(data: Dataset, config: TrainConfig, out_dir, *, resume: bool = False, pr
 
 
 __all__ = ["TrainConfig", "Trainer", "TrainingDiverged", "TrainingInterrupted", "CheckpointWriteError", "run",
-           "embedding_l2", "plot_curves", "load_config"]
+           "embedding_l2", "plot_curves", "load_config", "read_checkpoint"]

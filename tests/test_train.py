@@ -2,6 +2,7 @@
 and the CLI's mapping of its flags."""
 import dataclasses
 import json
+import math
 import operator
 import shutil
 import subprocess
@@ -455,3 +456,75 @@ def test_sparse_training_updates_only_the_rows_read_and_resumes_exactly(tmp_path
 def test_sparse_refuses_what_has_no_sparse_path(tmp_path, config, fragment):
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         Trainer(small_data(), TrainConfig(dim=8, sparse=True, **config), tmp_path)
+
+
+@pytest.fixture(scope="module")
+def named_run(tmp_path_factory):
+    """A short run on a CSV whose ids are words: (folder, data file, the interactions by user)."""
+    folder = tmp_path_factory.mktemp("named")
+    gen = torch.Generator().manual_seed(5)
+    pairs = sorted({(int(u), int(i)) for u, i in zip(torch.randint(0, 40, (600,), generator=gen),
+                                                     torch.randint(0, 30, (600,), generator=gen))})
+    data = folder / "pairs.csv"
+    data.write_text("user,item\n" + "".join(f"u{u},item-{i}\n" for u, i in pairs))
+    out = folder / "run"
+    assert main(["train", "--data", str(data), "--loss", "bpr", "--epochs", "2", "--dim", "8", "--out", str(out),
+                 "--no-progress"]) == 0
+    by_user: dict[str, set] = {}
+    for u, i in pairs:
+        by_user.setdefault(f"u{u}", set()).add(f"item-{i}")
+    return out, data, by_user
+
+
+def test_recommend_writes_each_users_best_unknown_items_in_original_ids(named_run, tmp_path, capsys):
+    import csv
+
+    out, data, by_user = named_run
+    recs, emb = tmp_path / "recs.csv", tmp_path / "emb"
+    assert main(["recommend", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(data), "--k", "4",
+                 "--out", str(recs), "--embeddings", str(emb)]) == 0
+    rows = list(csv.DictReader(recs.open()))
+    users = json.loads((emb / "user_ids.json").read_text())
+    items = json.loads((emb / "item_ids.json").read_text())
+    user_table, item_table = (torch.from_numpy(__import__("numpy").load(emb / f"{s}_embeddings.npy"))
+                              for s in ("user", "item"))
+    assert set(users) == set(by_user) and user_table.shape == (len(users), 8) and item_table.shape[0] == len(items)
+    # the brute-force answer from the exported tables: every score, known items removed, best first
+    for row, user in enumerate(users):
+        got = [r for r in rows if r["user"] == user]
+        assert [int(r["rank"]) for r in got] == [1, 2, 3, 4]
+        scores = user_table[row] @ item_table.T
+        known = torch.tensor([name in by_user[user] for name in items])
+        order = torch.sort(scores.masked_fill(known, -math.inf), descending=True, stable=True).indices[:4]
+        assert [r["item"] for r in got] == [items[j] for j in order]
+        assert not {r["item"] for r in got} & by_user[user]
+
+
+def test_recommend_users_file_names_an_unknown_user_by_line(named_run, tmp_path, capsys):
+    out, data, _ = named_run
+    users = tmp_path / "users.txt"
+    users.write_text("u3\n\nu999\n")
+    code = main(["recommend", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(data),
+                 "--users", str(users), "--out", str(tmp_path / "r.csv")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == f"pnn-fast: error: {users}:3: user 'u999' is not in --data"
+    assert not (tmp_path / "r.csv").exists()
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda p: p.mkdir(), "is a folder; give the checkpoint.pt inside it"),
+    (lambda p: p.write_bytes(b""), "is not a checkpoint written by pnn-fast train"),
+    (lambda p: p.write_bytes(bytes(range(256)) * 4), "is not a checkpoint written by pnn-fast train"),
+    (lambda p: torch.save({"weights": torch.zeros(2)}, p), "is not a checkpoint written by pnn-fast train (it lacks"),
+    # a pickled object would run code on loading: refused, never constructed
+    (lambda p: torch.save({"config": __import__("fractions").Fraction(1, 2)}, p),
+     "was refused: it holds a Python object (fractions.Fraction)"),
+])
+@pytest.mark.parametrize("command", ["evaluate", "recommend"])
+def test_checkpoints_that_are_not_ours_are_refused_in_one_line(tmp_path, capsys, make, fragment, command):
+    path = tmp_path / "checkpoint.pt"
+    make(path)
+    extra = ["--out", str(tmp_path / "r.csv")] if command == "recommend" else []
+    code = main([command, "--checkpoint", str(path), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and fragment in err and "\n" not in err, err
