@@ -401,12 +401,12 @@ def test_source_revision_is_this_checkouts_commit(tmp_path):
     assert copy["source_revision"]() is None
 
 
-@pytest.mark.parametrize("loss", ["bpr", "dns", "pnn", "sl"])
-def test_sparse_step_gives_the_dense_loss_and_gradients_as_sparse_rows(tmp_path, loss):
+@pytest.mark.parametrize("loss, loss_args", [("bpr", {}), ("dns", {}), ("pnn", {}), ("pnn", {"preset": "dns-anchored"}),
+                                             ("sl", {"num_negatives": 16})])
+def test_sparse_step_gives_the_dense_loss_and_gradients_as_sparse_rows(tmp_path, loss, loss_args):
     """--sparse: the trainer's whole batch loss (L2 term included) equals the dense one, and the
     tables' gradients are sparse COO tensors holding the dense gradients' nonzero rows."""
     data = synthetic_dataset(num_users=120, num_items=3000, interactions_per_user=12, seed=1)
-    loss_args = {"num_negatives": 16} if loss == "sl" else {}
     grads = {}
     for sparse in (False, True):
         torch.manual_seed(0)

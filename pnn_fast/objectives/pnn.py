@@ -30,8 +30,8 @@ class PNNObjective(Objective):
                 "candidates_across_ranks": False, "backend": "auto", "preset": None}
     SPARSE = True
 
-    def __init__(self, known, model, **args):
-        super().__init__(known, model, **args)
+    def __init__(self, known, model, *, sparse=False, **args):
+        super().__init__(known, model, sparse=sparse, **args)
         a = self.args
         if a["preset"] is not None:
             others = sorted(set(args) - {"preset", "backend"})
