@@ -165,7 +165,9 @@ class PNNLoss(nn.Module):
             noise = (torch.rand_like(user_emb) * self.noise_max, torch.rand_like(user_emb) * self.noise_max)
         table, lookup = item_table, None
         ids = [pos_items, candidates] + ([] if hard_candidates is None else [hard_candidates])
-        if self.sparse or _catalog_outweighs(item_table, ids):
+        # the lookup of known items reads each row's known items: about B x the mean count
+        lookup_reads = 0 if drawn_here else users.numel() * known.nnz / max(known.num_users, 1)
+        if self.sparse or _catalog_outweighs(item_table, ids, lookup_reads):
             # drawn unknown items need no lookup: nothing is known (the fused kernels skip it then too)
             table, renamed, lookup = _compact(item_table, ids, self.validate, None if drawn_here else known, users,
                                               sparse=self.sparse)
@@ -236,11 +238,12 @@ def _compact(table: torch.Tensor, ids, validate: bool, known: Optional[KnownPosi
     return compact.table, compact.ids, compact.lookup
 
 
-def _catalog_outweighs(item_table: torch.Tensor, ids) -> bool:
+def _catalog_outweighs(item_table: torch.Tensor, ids, lookup_reads: float) -> bool:
     """Whether the dense path should gather the step's rows first, too: when the table has more rows
-    than the step has ids, its table-sized passes (each op's own [I, d] gradient, and their sum)
-    cost more than one sort of the ids, and the gather leaves one, the ``index_select``'s."""
-    return item_table.shape[0] > sum(t.numel() for t in ids)
+    than the gather reads (the step's ids, sorted once, and the known items its lookup renames),
+    the table-sized passes it saves (each op's own [I, d] gradient, and their sum; it leaves one,
+    the ``index_select``'s) cost more than it does. On ML-1M it never gathers; at 2M items it does."""
+    return item_table.shape[0] > sum(t.numel() for t in ids) + lookup_reads
 
 
 def first_rows(ids: torch.Tensor) -> torch.Tensor:
