@@ -406,8 +406,12 @@ class Trainer:
         if writes:
             write_text_atomic(self.out_dir / "results.json", json.dumps(results, indent=2))
             plot_curves(self.history, cfg.valid_metric, self.out_dir / "curves.png")
-        log(f"best epoch {self.best['epoch']} ({cfg.valid_metric} {self.best['score']:.4f}); test " +
-            " ".join(f"{k}={v:.4f}" for k, v in test.items()))
+        # without a validation split the best epoch is the one of lowest training loss: never a metric
+        chosen = (f"{cfg.valid_metric} {self.best['score']:.4f}" if "valid" in self.held_out
+                  else f"lowest training loss {-self.best['score']:.4f}; no validation split")
+        tested = ("test " + " ".join(f"{k}={v:.4f}" for k, v in test.items()) if test
+                  else "no test split: no test metrics")
+        log(f"best epoch {self.best['epoch']} ({chosen}); {tested}")
         return results
 
     def results(self, test: dict) -> dict:
@@ -419,7 +423,9 @@ class Trainer:
                          # None: not a git checkout, or an epoch from before revisions were recorded
                          "source": list(dict.fromkeys(h.get("source") for h in self.history))},
             "world_size": self.world_size,
-            "epochs": self.history, "best_epoch": self.best["epoch"], "best_valid": self.best["score"],
+            "epochs": self.history, "best_epoch": self.best["epoch"],
+            # None without a validation split, where the best epoch is the one of lowest training loss
+            "best_valid": self.best["score"] if "valid" in self.held_out else None,
             "test": test,
             "mean_epoch_seconds": sum(h["train_seconds"] for h in self.history) / max(len(self.history), 1),
         }

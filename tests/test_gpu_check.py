@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 from batches import requires_kernels
@@ -27,7 +29,9 @@ def gpu_check_finds_ml1m() -> bool:
 #: the steps of gpu_check.sh --dry-run (the epoch profile only where the script finds ML-1M)
 EPOCH_PROFILE = gpu_check_finds_ml1m()
 DRY_RUN_STEPS = ("syntax", "linkage", "smoke-cpu", "bench-args", "profile-cpu", "epochs-collect") + (
-    ("profile-epoch-cpu",) if EPOCH_PROFILE else ())
+    ("profile-epoch-cpu",) if EPOCH_PROFILE else ()) + ("sync-debug-cpu",)
+#: the steps of gpu_check.sh --dry-run --quick
+QUICK_DRY_RUN_STEPS = ("syntax", "capture-collect", "sync-debug-cpu", "bench-args")
 
 
 @requires_kernels
@@ -53,8 +57,60 @@ def test_gpu_check_dry_run_passes_and_writes_its_report(tmp_path):
 def test_gpu_check_rejects_an_unknown_argument(tmp_path):
     run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--bogus"], cwd=ROOT,
                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "unknown argument '--bogus'" in run.stderr
+    assert run.returncode == 2 and "unknown argument '--bogus'" in run.stderr, run.stderr
     assert not (tmp_path / "gpu_check.md").exists()
+
+
+@requires_kernels
+def test_gpu_check_quick_dry_run_passes(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", "--quick"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    report = (tmp_path / "gpu_check.md").read_text()
+    assert run.returncode == 0, report
+    for step in QUICK_DRY_RUN_STEPS:
+        assert f"| {step} | ok |" in report, report
+    assert "of its 180 s budget" in report
+    assert "no synchronisation in a step" in report  # the sync-debug script ran every loss
+
+
+def test_gpu_check_clips_slow_steps_to_its_budget(tmp_path):
+    """Steps slowed to 12 s each under a 40 s budget: the later ones are clipped, then skipped, and
+    the whole check ends within its budget with a row for every step."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
+           "BUDGET_S": "40", "RESERVE_S": "5", "STEP_DELAY_S": "12"}
+    start = time.monotonic()
+    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", "--quick"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - start
+    report = (tmp_path / "gpu_check.md").read_text()
+    assert took < 40 + 10, f"the check took {took:.0f} s of a 40 s budget"  # slack: the report and the archive
+    assert run.returncode == 1, report  # a step timed out
+    rows = dict(re.findall(r"^\| (\S+) \| ([^|]+) \|", report, flags=re.M))
+    assert set(QUICK_DRY_RUN_STEPS) <= set(rows), report
+    assert rows["syntax"].startswith("timed out after 10 s"), rows  # its own 10 s limit, under the 12 s delay
+    assert any("clipped to the budget" in status for status in rows.values()), rows
+    assert rows["bench-args"].startswith("skipped (the check had run"), rows
+    assert (tmp_path / "logs.tar.gz").exists()
+
+
+def test_gpu_check_report_survives_a_kill(tmp_path):
+    """A call stopped mid-check (the device tool's limit) still returns the report of the steps that ran."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "STEP_DELAY_S": "2"}
+    check = subprocess.Popen(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", "--quick"], env=env, cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    report = tmp_path / "gpu_check.md"
+    try:
+        deadline = time.monotonic() + 90
+        while not (report.exists() and "| syntax | ok |" in report.read_text()):
+            assert time.monotonic() < deadline, "the first step never reached the report"
+            time.sleep(0.2)
+    finally:
+        os.killpg(check.pid, signal.SIGKILL)
+        check.wait()
+    assert "| syntax | ok |" in report.read_text()
+    with tarfile.open(tmp_path / "logs.tar.gz") as archive:
+        assert "logs/syntax.log" in archive.getnames()
 
 
 def test_gpu_study_stops_at_its_deadline_and_its_tar_resumes(tmp_path):

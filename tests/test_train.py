@@ -528,3 +528,17 @@ def test_checkpoints_that_are_not_ours_are_refused_in_one_line(tmp_path, capsys,
     code = main([command, "--checkpoint", str(path), *extra])
     err = capsys.readouterr().err.strip()
     assert code == 2 and fragment in err and "\n" not in err, err
+
+
+def test_a_run_without_validation_or_test_split_says_so_and_never_labels_a_loss_a_metric(tmp_path, capsys):
+    """Issue 67, item 2: the negated training loss was reported as ``ndcg@20``."""
+    data = tmp_path / "one.csv"
+    data.write_text("user,item\n0,0\n1,1\n")  # one pair a user: every pair trains
+    assert main(["train", "--data", str(data), "--epochs", "2", "--no-progress", "--out", str(tmp_path / "o"),
+                 "--loss", "bpr"]) == 0
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-2]
+    assert "lowest training loss" in last and "no validation split" in last and "no test split" in last, out
+    assert "ndcg@20 -" not in out
+    results = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert results["best_valid"] is None and results["test"] == {}
