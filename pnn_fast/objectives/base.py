@@ -67,6 +67,19 @@ def embedding_l2(model: Recommender, users: torch.Tensor, pos_items: torch.Tenso
     return total / users.numel()
 
 
+def _declared_kind(default, value) -> str | None:
+    """What ``value`` must be to stand for an argument whose default is ``default``, when it is not
+    that (None: it is, or the default declares no kind: a bool, an int or a float does). A bool default takes only True or False: a
+    word such as "no" from ``--loss-arg in_batch=no`` would otherwise count as true."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an int"
+    if isinstance(default, float):
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    return None  # a word (a choice, or a word or a number, as neg_size) or None: the loss checks it
+
+
 class Objective(nn.Module):
     """Base class. Subclasses set ``DEFAULTS`` (hyper-parameters with the authors' values)
     and implement :meth:`forward`; their ``nn.Parameter``s are trained with the model's.
@@ -94,6 +107,10 @@ class Objective(nn.Module):
         unknown = sorted(set(args) - set(self.DEFAULTS))
         if unknown:
             raise ValueError(f"loss {self.name!r} has no argument(s) {unknown}; valid: {sorted(self.DEFAULTS)}")
+        for key, value in args.items():
+            expected = _declared_kind(self.DEFAULTS[key], value)
+            if expected:
+                raise ValueError(f"loss {self.name!r}: {key} must be {expected}, got {value!r}")
         if sparse and not self.SPARSE:
             have = sorted(name for name, cls in OBJECTIVES.items() if cls.SPARSE)
             raise ValueError(f"--sparse: loss {self.name!r} has no sparse path; these do: {', '.join(have)}")
