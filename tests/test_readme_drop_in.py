@@ -1,12 +1,13 @@
-"""The README's drop-in examples (PNNLoss and SampledSoftmaxLoss in a bare MF model) run as written
-and train: their loss falls over repeated steps on one batch of the built-in synthetic data."""
+"""The README's drop-in examples (PNNLoss, SampledSoftmaxLoss and DNSLoss with sparse=True in a bare MF
+model) run as written and train: their loss falls over repeated steps on one batch of the built-in
+synthetic data."""
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from pnn_fast import PNNLoss, SampledSoftmaxLoss
+from pnn_fast import DNSLoss, PNNLoss, SampledSoftmaxLoss
 from pnn_fast.data import synthetic_dataset
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -20,7 +21,7 @@ def readme_example(title: str) -> str:
 
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("title", ["## Drop PNNLoss into an existing MF model",
-                                   "## Sampled softmax, the loss that gave the lift"])
+                                   "## Sampled softmax, the loss that gave the lift", "## Large catalogs"])
 def test_readme_drop_in_example_runs_and_its_loss_falls(title):
     data = synthetic_dataset()
     users, items = data.train
@@ -29,7 +30,7 @@ def test_readme_drop_in_example_runs_and_its_loss_falls(title):
     losses = []
 
     def record(module, args, output):
-        if isinstance(module, (PNNLoss, SampledSoftmaxLoss)):
+        if isinstance(module, (PNNLoss, SampledSoftmaxLoss, DNSLoss)):
             losses.append(float(output.detach()))
 
     hook = torch.nn.modules.module.register_module_forward_hook(record)
@@ -45,3 +46,6 @@ def test_readme_drop_in_example_runs_and_its_loss_falls(title):
     assert last < first - 0.01 * abs(first), (first, last)
     if "scores" in namespace:
         assert namespace["scores"].shape == (data.num_users, data.num_items)
+    if getattr(namespace["loss_fn"], "sparse", False):  # the last step's gradients: only the rows it read
+        for table in (namespace["users_emb"], namespace["items_emb"]):
+            assert table.weight.grad.is_sparse and table.weight.grad.coalesce()._nnz() < table.weight.shape[0]
