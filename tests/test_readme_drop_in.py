@@ -46,6 +46,5 @@ def test_readme_drop_in_example_runs_and_its_loss_falls(title):
     assert last < first - 0.01 * abs(first), (first, last)
     if "scores" in namespace:
         assert namespace["scores"].shape == (data.num_users, data.num_items)
-    if getattr(namespace["loss_fn"], "sparse", False):  # the last step's gradients: only the rows it read
-        for table in (namespace["users_emb"], namespace["items_emb"]):
-            assert table.weight.grad.is_sparse and table.weight.grad.coalesce()._nnz() < table.weight.shape[0]
+    if getattr(namespace["loss_fn"], "sparse", False):  # the last step's gradients, for SparseAdam
+        assert namespace["users_emb"].weight.grad.is_sparse and namespace["items_emb"].weight.grad.is_sparse
