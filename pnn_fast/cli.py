@@ -15,7 +15,8 @@ from .objectives import OBJECTIVES
 from .study import load_plan, run_study, write_summary
 from .csr import CSR
 from .recommend import export_embeddings, top_items, write_recommendations
-from .train import Trainer, TrainConfig, TrainingInterrupted, load_config, read_checkpoint, run
+from .train import (Trainer, TrainConfig, TrainingInterrupted, check_fingerprint, load_config, read_checkpoint,
+                    run)
 
 EXAMPLES = """examples:
   pnn-fast train                                   # built-in synthetic data, MF + PNN
@@ -286,6 +287,7 @@ def _trained_model(args):
         raise ValueError(f"--checkpoint {args.checkpoint} was trained on {trained[0]:,} users and {trained[1]:,} "
                          f"items, but --data gives {data.num_users:,} and {data.num_items:,}; pass the data (and "
                          f"--rating-threshold, --kcore) it was trained with")
+    check_fingerprint(state, data.fingerprint(), f"--checkpoint {args.checkpoint}")
     trainer = Trainer(data, config, Path(args.checkpoint).parent)
     trainer.restore(state["best"]["state"] or {"model": state["model"], "objective": state["objective"]})
     return data, trainer

@@ -225,6 +225,7 @@ class Trainer:
             self.adam = LeanAdamStep(self.optimizer)
         self.history: list[dict] = []
         self.source = source_revision()  # recorded with each epoch this process trains
+        self.fingerprint = data.fingerprint()  # stored in checkpoints: resume refuses other data
         self.best = {"epoch": -1, "score": -math.inf, "state": None}
         self.epoch = 0
 
@@ -321,7 +322,8 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         state = {
-            "config": asdict(self.config), "epoch": self.epoch, "history": self.history, "best": self.best,
+            "config": asdict(self.config), "fingerprint": self.fingerprint, "epoch": self.epoch,
+            "history": self.history, "best": self.best,
             "model": self.model.state_dict(), "objective": self.objective.state_dict(),
             "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
             "cpu_rng": torch.get_rng_state(),
@@ -341,6 +343,7 @@ class Trainer:
 
     def load_checkpoint(self) -> None:
         state = read_checkpoint(self.checkpoint_path, self.device)
+        check_fingerprint(state, self.fingerprint, f"--resume: the checkpoint {self.checkpoint_path}")
         saved = {k: v for k, v in state["config"].items() if k not in ("epochs", "patience", "device")}
         current = {k: v for k, v in asdict(self.config).items() if k in saved}
         changed = sorted(k for k in saved if json.dumps(saved[k], default=str) != json.dumps(current[k], default=str))
@@ -416,7 +419,7 @@ class Trainer:
 
     def results(self, test: dict) -> dict:
         return {
-            "config": asdict(self.config), "dataset": self.data.summary(),
+            "config": asdict(self.config), "dataset": self.data.summary(), "fingerprint": self.fingerprint,
             "versions": {"pnn_fast": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
                          "platform": platform.platform(), "build": build_info(),
                          # every revision that trained an epoch of this run (resumed runs may have several);
@@ -506,6 +509,23 @@ def read_checkpoint(path: os.PathLike | str, device="cpu") -> dict:
     return state
 
 
+def check_fingerprint(state: dict, fingerprint: dict, what: str) -> None:
+    """That a checkpoint was trained on the data and split of ``fingerprint`` (:meth:`Dataset.fingerprint`),
+    else a ValueError of one line starting with ``what``; a checkpoint from before fingerprints is
+    adopted with a one-line warning."""
+    saved = state.get("fingerprint")
+    if saved is None:
+        print(f"pnn-fast: warning: {what} predates data fingerprints: its data and split are not checked",
+              file=sys.stderr)
+        return
+    if saved["data"] != fingerprint["data"]:
+        raise ValueError(f"{what} was trained on other data (data fingerprint {saved['data']}, the data given "
+                         f"{fingerprint['data']}); pass the --data (and --rating-threshold, --kcore) it was trained with")
+    if saved["split"] != fingerprint["split"]:
+        raise ValueError(f"{what} was trained on another split of this data (split fingerprint {saved['split']}, "
+                         f"the split given {fingerprint['split']}); pass the --split and --split-seed it was trained with")
+
+
 def load_config(d: dict, **overrides) -> TrainConfig:
     """A TrainConfig from a saved dict (e.g. a checkpoint's), with ``overrides`` applied."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -519,4 +539,4 @@ def run(data: Dataset, config: TrainConfig, out_dir, *, resume: bool = False, pr
 
 
 __all__ = ["TrainConfig", "Trainer", "TrainingDiverged", "TrainingInterrupted", "CheckpointWriteError", "run",
-           "embedding_l2", "plot_curves", "load_config", "read_checkpoint"]
+           "embedding_l2", "plot_curves", "load_config", "read_checkpoint", "check_fingerprint"]

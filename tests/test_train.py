@@ -555,3 +555,46 @@ def test_a_run_without_validation_or_test_split_says_so_and_never_labels_a_loss_
     assert "ndcg@20 -" not in out
     results = json.loads((tmp_path / "o" / "results.json").read_text())
     assert results["best_valid"] is None and results["test"] == {}
+
+
+def test_resume_evaluate_and_recommend_refuse_other_data_or_another_split(tmp_path, capsys):
+    """Issue 67, items 4 to 6: a checkpoint remembers its data and split by fingerprint."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    gen = torch.Generator().manual_seed(3)
+
+    def write(seed):
+        g = torch.Generator().manual_seed(seed)
+        pairs = sorted({(int(u), int(i)) for u, i in zip(torch.randint(0, 30, (500,), generator=g),
+                                                         torch.randint(0, 40, (500,), generator=g))})
+        (folder / "ratings.csv").write_text("user,item\n" + "".join(f"{u},{i}\n" for u, i in pairs))
+
+    write(1)
+    out = tmp_path / "run"
+    base = ["--data", str(folder / "ratings.csv"), "--split", "rs"]
+    assert main(["train", *base, "--loss", "bpr", "--epochs", "1", "--dim", "8", "--out", str(out),
+                 "--no-progress"]) == 0
+    checkpoint = str(out / "checkpoint.pt")
+    capsys.readouterr()
+    # another split of the same data: it used to score training items as test items
+    for command in (["evaluate"], ["recommend", "--out", str(tmp_path / "r.csv")]):
+        assert main([*command, "--checkpoint", checkpoint, *base, "--split-seed", "7"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "was trained on another split of this data" in err and "--split-seed" in err and "\n" not in err, err
+    # other data of the same shape
+    write(2)
+    assert main(["evaluate", "--checkpoint", checkpoint, *base]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--checkpoint {checkpoint} was trained on other data (data fingerprint" in err, err
+    assert main(["train", *base, "--loss", "bpr", "--epochs", "2", "--dim", "8", "--out", str(out), "--resume",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--resume: the checkpoint" in err and "was trained on other data" in err and "\n" not in err, err
+    # a checkpoint from before fingerprints is adopted, with one line saying so
+    write(1)
+    state = torch.load(checkpoint, weights_only=True)
+    del state["fingerprint"]
+    torch.save(state, checkpoint)
+    assert main(["evaluate", "--checkpoint", checkpoint, *base]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == f"pnn-fast: warning: --checkpoint {checkpoint} predates data fingerprints: its data and split are not checked"

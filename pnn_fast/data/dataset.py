@@ -1,6 +1,8 @@
 """The in-memory dataset every loader returns, and the error for malformed files."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 
@@ -78,3 +80,23 @@ class Dataset:
             f"{total:,} interactions (train {sizes[0]:,} / valid {sizes[1]:,} / test {sizes[2]:,}), "
             f"density {density:.4%}{dropped}"
         )
+
+    def fingerprint(self) -> dict:
+        """``{"data": ..., "split": ...}``, two hex digests: of the interactions as ids (the id maps
+        and every pair, whichever split holds it), and of the split (which pairs train, validate and
+        test). Not of the files' bytes: the same data read from another copy or format matches.
+        A checkpoint stores it, so that resuming, evaluating or recommending on other data, or on
+        another split of the same data, is refused instead of scored."""
+        def digest(*parts) -> str:
+            hasher = hashlib.sha256()
+            for part in parts:
+                hasher.update(part.contiguous().numpy().tobytes() if isinstance(part, torch.Tensor)
+                              else json.dumps(part, default=str).encode())
+            return hasher.hexdigest()[:16]
+
+        splits = (self.train, self.valid, self.test)
+        users = torch.cat([s[0].long().cpu() for s in splits])
+        items = torch.cat([s[1].long().cpu() for s in splits])
+        order = torch.argsort(users * self.num_items + items)  # the pairs, whatever split holds them
+        data = digest([self.num_users, self.num_items, self.user_ids, self.item_ids], users[order], items[order])
+        return {"data": data, "split": digest(*(t.long().cpu() for pair in splits for t in pair))}
