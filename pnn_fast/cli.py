@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(train)
     train.add_argument("--out", default=None, help="output folder (default runs/<data>-<model>-<loss>)")
     train.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
+    train.add_argument("--overwrite", action="store_true", help="replace the run that <out> holds")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     cmp = sub.add_parser("compare", help="train several losses on one model and data; a table of the results",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--losses", default="bpr,dns,pnn",
                      help="comma-separated losses; bpr, dns and pnn are always included, side by side")
     cmp.add_argument("--out", default=None, help="output folder (default runs/<data>-<model>-compare)")
+    cmp.add_argument("--overwrite", action="store_true", help="replace the runs that <out> holds")
     cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev = sub.add_parser("evaluate", help="score a checkpoint's model on the test split",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -243,7 +245,7 @@ def _train(args) -> None:
         print(data.summary())
     out = args.out or Path("runs") / f"{data.name}-{args.model}-{args.loss}"
     try:
-        run(data, config, out, resume=args.resume, progress=not args.no_progress)
+        run(data, config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     except TrainingInterrupted as err:
         print(f"pnn-fast: {err}", file=sys.stderr)
         raise SystemExit(130) from None
@@ -270,7 +272,7 @@ def _compare(args) -> None:
     rows = []
     for loss, config in configs.items():
         print(f"== {loss}")
-        rows.append((loss, run(data, config, out / loss, progress=not args.no_progress)))
+        rows.append((loss, run(data, config, out / loss, overwrite=args.overwrite, progress=not args.no_progress)))
     table = comparison_table(rows)
     (out / "comparison.md").write_text(f"{data.summary()}\n\nmodel {args.model}\n\n{table}\n")
     print(table)

@@ -11,6 +11,7 @@ without improvement. The test split is scored once, with the best state.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -359,14 +360,32 @@ class Trainer:
         self.epoch, self.history, self.best = state["epoch"], state["history"], state["best"]
 
     # ---- the run -------------------------------------------------------------------
-    def fit(self, *, resume: bool = False, progress: bool = True, log=print) -> dict:
-        """Train until ``config.epochs`` or early stopping; returns the results dict (also written to disk)."""
-        writes = self.rank == 0  # every rank trains and evaluates alike; one of them writes and logs
+    def fit(self, *, resume: bool = False, overwrite: bool = False, progress: bool = True, log=print) -> dict:
+        """Train until ``config.epochs`` or early stopping; returns the results dict (also written to disk).
+
+        The output folder is locked for the run (``flock``, which a killed process releases): a second
+        run into it is refused. A folder that holds a run (its checkpoint or results) is continued with
+        ``resume``, replaced with ``overwrite``, and otherwise refused, never silently overwritten.
+        """
+        lock = None
+        if self.rank == 0:  # every rank trains and evaluates alike; one of them writes and logs
+            _check_writable(self.out_dir)  # before any training, not at the first checkpoint
+            lock = _lock_folder(self.out_dir)
+        try:
+            held = [name for name in ("checkpoint.pt", "results.json") if (self.out_dir / name).exists()]
+            if held and not resume and not overwrite and self.rank == 0:
+                raise ValueError(f"--out {self.out_dir} holds a run ({', '.join(held)}): continue it with --resume, "
+                                 f"or replace it with --overwrite")
+            return self._fit(resume, progress, log)
+        finally:
+            if lock is not None:
+                lock.close()
+
+    def _fit(self, resume: bool, progress: bool, log) -> dict:
+        writes = self.rank == 0
         if not writes:
             def log(*_):
                 return None
-        if writes:
-            _check_writable(self.out_dir)  # before any training, not at the first checkpoint
         if resume:
             if not self.checkpoint_path.exists():
                 raise FileNotFoundError(f"--resume: no checkpoint at {self.checkpoint_path}")
@@ -444,6 +463,18 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (a full disk, say); the previous one is left intact."""
+
+
+def _lock_folder(folder: Path):
+    """An exclusive ``flock`` on ``folder/.lock``, held while the returned file is open (a killed
+    process's is released by the kernel); a folder another run holds is a ValueError of one line."""
+    handle = open(folder / ".lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ValueError(f"--out {folder} is in use by another run; wait for it, or give another --out") from None
+    return handle
 
 
 def _check_writable(folder: Path) -> None:
@@ -532,10 +563,10 @@ def load_config(d: dict, **overrides) -> TrainConfig:
     return TrainConfig(**{k: v for k, v in {**d, **overrides}.items() if k in known})
 
 
-def run(data: Dataset, config: TrainConfig, out_dir, *, resume: bool = False, progress: bool = True,
-        log=print) -> dict:
+def run(data: Dataset, config: TrainConfig, out_dir, *, resume: bool = False, overwrite: bool = False,
+        progress: bool = True, log=print) -> dict:
     """Train and test one configuration; the programmatic twin of ``pnn-fast train``."""
-    return Trainer(data, config, out_dir).fit(resume=resume, progress=progress, log=log)
+    return Trainer(data, config, out_dir).fit(resume=resume, overwrite=overwrite, progress=progress, log=log)
 
 
 __all__ = ["TrainConfig", "Trainer", "TrainingDiverged", "TrainingInterrupted", "CheckpointWriteError", "run",

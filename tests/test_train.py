@@ -7,6 +7,7 @@ import operator
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -598,3 +599,57 @@ def test_resume_evaluate_and_recommend_refuse_other_data_or_another_split(tmp_pa
     assert main(["evaluate", "--checkpoint", checkpoint, *base]) == 0
     err = capsys.readouterr().err.strip()
     assert err == f"pnn-fast: warning: --checkpoint {checkpoint} predates data fingerprints: its data and split are not checked"
+
+
+def test_a_second_run_into_a_locked_folder_is_refused(tmp_path):
+    """Issue 67, item 7: two runs writing one --out lost one run's results. The lock is held, then the
+    second run starts: deterministic, with no race to win."""
+    import fcntl
+
+    out = tmp_path / "race"
+    out.mkdir()
+    with open(out / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ValueError, match=r"--out .*race is in use by another run; wait for it, or give another --out"):
+            run(small_data(), TrainConfig(loss="bpr", epochs=1, dim=8), out, progress=False, log=lambda *_: None)
+    assert not (out / "results.json").exists()
+    run(small_data(), TrainConfig(loss="bpr", epochs=1, dim=8), out, progress=False, log=lambda *_: None)  # free now
+
+
+def test_a_killed_run_releases_its_lock(tmp_path, capsys):
+    """flock belongs to the process: kill -9 releases it, and --resume then continues."""
+    import signal
+
+    out = tmp_path / "killed"
+    code = (f"import sys; sys.argv = ['pnn-fast', 'train', '--epochs', '100000', '--patience', '100000', '--dim', '8', "
+            f"'--loss', 'bpr', '--no-progress', '--out', {str(out)!r}]; from pnn_fast.cli import main; main()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint.pt").exists():
+            assert time.monotonic() < deadline and child.poll() is None, "the run wrote no checkpoint"
+            time.sleep(0.2)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    # the lock went with the process: the folder is refused only for the run it holds, and resumes
+    assert main(["train", "--epochs", "1", "--dim", "8", "--loss", "bpr", "--no-progress", "--out", str(out)]) == 2
+    assert "holds a run" in capsys.readouterr().err
+    assert main(["train", "--epochs", "2", "--patience", "100000", "--dim", "8", "--loss", "bpr", "--no-progress",
+                 "--out", str(out), "--resume"]) == 0
+    assert (out / "results.json").exists()
+
+
+def test_rerunning_into_a_folder_that_holds_a_run_needs_resume_or_overwrite(tmp_path, capsys):
+    out = tmp_path / "o"
+    argv = ["train", "--epochs", "1", "--dim", "8", "--loss", "bpr", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    first = (out / "results.json").read_text()
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"pnn-fast: error: --out {out} holds a run (checkpoint.pt, results.json): continue it with "
+                   f"--resume, or replace it with --overwrite")
+    assert (out / "results.json").read_text() == first
+    assert main(argv + ["--overwrite", "--seed", "3"]) == 0
+    assert json.loads((out / "results.json").read_text())["config"]["seed"] == 3
