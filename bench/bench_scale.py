@@ -165,24 +165,26 @@ def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_u
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: ms per step at each catalog size, the growth and the ms added over the smallest."""
+    """Markdown: ms per step at each catalog size, and from the reference size (100k items where it
+    was measured, else the smallest) to the largest: the growth and the ms added, beside plain's."""
     sizes = sorted({r["items"] for r in rows})
+    reference = 100_000 if 100_000 in sizes else sizes[0]
     evals = {r["items"]: r for r in rows if r["loss"] == "eval"}
     rows = [r for r in rows if r["loss"] != "eval"]
     keys = list(dict.fromkeys((r["loss"], r["sparse"]) for r in rows))
     ms = {(r["loss"], r["sparse"], r["items"]): r["median_s"] * 1e3 for r in rows}
-    plain_added = {n: ms.get(("plain", False, n), float("nan")) - ms.get(("plain", False, sizes[0]), float("nan"))
-                   for n in sizes}
-    head = ["step", "gradient"] + [f"{n:,} items (ms)" for n in sizes] + [f"x at {sizes[-1]:,}", "ms added",
-                                                                          "added / plain's added"]
+    plain_added = ms.get(("plain", False, sizes[-1]), float("nan")) - ms.get(("plain", False, reference), float("nan"))
+    head = ["step", "gradient"] + [f"{n:,} items (ms)" for n in sizes] + [
+        f"{sizes[-1]:,} / {reference:,}", "ms added", "added / plain's added"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for loss, sparse in keys:
         times = [ms[(loss, sparse, n)] for n in sizes]
-        added = times[-1] - times[0]
-        ratio = added / plain_added[sizes[-1]] if plain_added[sizes[-1]] > 0 else float("nan")
+        base = ms[(loss, sparse, reference)]
+        added = times[-1] - base
+        ratio = added / plain_added if plain_added > 0 else float("nan")
         grad = "sparse" if sparse or loss == "mf-sparse-adam" else "dense"
         lines.append(f"| {loss} | {grad} | " + " | ".join(f"{t:,.1f}" for t in times)
-                     + f" | {times[-1] / times[0]:.2f} | {added:,.0f} | {ratio:.2f} |")
+                     + f" | {times[-1] / base:.2f} | {added:,.0f} | {ratio:.2f} |")
     if evals:
         lines += ["", "| items | eval users/s | floor users/s | floor / measured |", "|---|---|---|---|"]
         lines += [f"| {n:,} | {r['users_per_s']:.1f} | {r['floor_users_per_s']:.1f} | "
@@ -215,7 +217,11 @@ def main() -> None:
     parser.add_argument("--losses", nargs="*", choices=LOSSES, default=list(LOSSES))
     parser.add_argument("--eval-users", type=int, default=512, help="users evaluated (0: no evaluation row)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--table-of", type=Path, metavar="JSON", help="print the table of a saved --json; run nothing")
     args = parser.parse_args()
+    if args.table_of:
+        print(table(json.loads(args.table_of.read_text())["rows"]))
+        return
     torch.set_num_threads(args.threads)
     rows = measure(args.items, args.batch, args.losses, args.rounds, args.eval_users)
     print(json.dumps(environment()))

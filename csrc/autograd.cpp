@@ -10,6 +10,7 @@
 // fake (meta) kernels stay in Python, so torch.compile traces through these functions.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 namespace pnn_fast {
@@ -94,4 +95,13 @@ at::Tensor gathered_norm_fwd_autograd(const at::Tensor& table, const at::Tensor&
 TORCH_LIBRARY_IMPL(pnn_fast, Autograd, m) {
   m.impl("embedding_bpr_fwd", &pnn_fast::embedding_bpr_fwd_autograd);
   m.impl("gathered_norm_fwd", &pnn_fast::gathered_norm_fwd_autograd);
+  // The backward ops have no derivative of their own. Without an Autograd kernel, a backward run with
+  // create_graph=True (a gradient penalty) gave their outputs no history, and the second derivative
+  // through them came out silently zero. PyTorch's not-implemented fallback gives their outputs a
+  // node that raises "derivative for pnn_fast::<op>_bwd is not implemented" when differentiated, so
+  // a first backward works as before and only a second one stops, naming the op.
+  for (const char* op : {"class_centroids_bwd", "class_terms_bwd", "pairwise_uniformity_bwd", "embedding_bpr_bwd",
+                         "gathered_norm_bwd", "gathered_dots_bwd", "unit_rows_bwd"}) {
+    m.impl(op, torch::autograd::autogradNotImplementedFallback());
+  }
 }
