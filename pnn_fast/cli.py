@@ -265,6 +265,9 @@ def comparison_table(rows: list) -> str:
 
 def _compare(args) -> None:
     losses = list(dict.fromkeys(["bpr", "dns", "pnn"] + [x for x in args.losses.split(",") if x]))
+    unknown = [loss for loss in losses if loss not in OBJECTIVES]
+    if unknown:
+        raise ValueError(f"--losses: unknown loss(es) {unknown}; choose from {sorted(OBJECTIVES)}")
     configs = {loss: _config(args, loss) for loss in losses}  # every config checked before any training
     data = _load_data(args)
     print(data.summary())

@@ -20,6 +20,10 @@ def check_pair_ids(rows: tuple, cols: tuple) -> None:
     for _, _, size_name, size in (rows, cols):
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ValueError(f"{size_name} must be a positive int, got {size!r}")
+        # ids index int32 positions in the kernels, and below 2^31 x 2^31 the int64 keys
+        # row x num_cols + col cannot overflow (2^40 x 2^40 tried to allocate 8.8 TB)
+        if size >= 2**31:
+            raise ValueError(f"{size_name} must be below 2^31, got {size:,}")
     check_ids(rows[0], rows[1], rows[3], shape=None)
     check_ids(cols[0], cols[1], cols[3], shape=tuple(rows[1].shape))
 

@@ -77,8 +77,11 @@ class TrainConfig:
             raise ValueError(f"sparse must be True or False, got {self.sparse!r}")
         check_real("reg_weight", self.reg_weight)
         metric, _, k = self.valid_metric.partition("@")
-        if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit():
-            raise ValueError(f"valid_metric must look like 'ndcg@20', got {self.valid_metric!r}")
+        if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit() or int(k) == 0:
+            raise ValueError(f"valid_metric must look like 'ndcg@20' (a cut-off of at least 1), got {self.valid_metric!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}: no usable GPU here (torch.cuda.is_available() is False); "
+                             f"use --device cpu")
         self.ks = tuple(sorted({int(x) for x in self.ks} | {int(k)}))
 
 
@@ -246,8 +249,9 @@ class Trainer:
     def _diverged(self, batch: int, batches: int, terms: list) -> "TrainingDiverged":
         where = f"epoch {self.epoch + 1}" + (f", batch {batch + 1} of {batches}" if batch >= 0 else "")
         named = f" (non-finite terms: {', '.join(terms)})" if terms else ""
-        return TrainingDiverged(f"training diverged: the loss of {where} is not finite{named}; the last finite "
-                                f"epoch is {self.epoch} (its checkpoint is kept)")
+        kept = (f"the last finite epoch is {self.epoch} (its checkpoint is kept)" if self.epoch > 0
+                else "no epoch finished, so there is no checkpoint")
+        return TrainingDiverged(f"training diverged: the loss of {where} is not finite{named}; {kept}")
 
     def train_epoch(self, progress: bool = True) -> float:
         self.model.train()
@@ -405,7 +409,7 @@ class Trainer:
                 if writes:
                     record = {**self.results({}), "status": "diverged", "error": str(err),
                               "last_finite_epoch": self.epoch}
-                    write_text_atomic(self.out_dir / "results.json", json.dumps(record, indent=2))
+                    write_text_atomic(self.out_dir / "results.json", strict_json(record))
                 raise
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -426,8 +430,12 @@ class Trainer:
         test = self.evaluate_split("test") if "test" in self.held_out else {}
         results = self.results(test)
         if writes:
-            write_text_atomic(self.out_dir / "results.json", json.dumps(results, indent=2))
-            plot_curves(self.history, cfg.valid_metric, self.out_dir / "curves.png")
+            write_text_atomic(self.out_dir / "results.json", strict_json(results))
+            try:
+                plot_curves(self.history, cfg.valid_metric, self.out_dir / "curves.png")
+            except OSError as err:  # a full disk: what matters is written already
+                log(f"pnn-fast: warning: could not write {self.out_dir / 'curves.png'} ({err.strerror or err}); "
+                    f"results.json and the checkpoint are intact")
         # without a validation split the best epoch is the one of lowest training loss: never a metric
         chosen = (f"{cfg.valid_metric} {self.best['score']:.4f}" if "valid" in self.held_out
                   else f"lowest training loss {-self.best['score']:.4f}; no validation split")
@@ -463,6 +471,20 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (a full disk, say); the previous one is left intact."""
+
+
+def strict_json(record: dict) -> str:
+    """``record`` as strict JSON (indented): a non-finite float (the -inf best score of a run that
+    never validated, a NaN loss) becomes null, which every JSON reader accepts."""
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(item) for item in value]
+        return value
+    return json.dumps(finite(record), indent=2, allow_nan=False)
 
 
 def _lock_folder(folder: Path):

@@ -9,9 +9,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from pnn_fast import BPRLoss, DNSLoss, PNNLoss, SampledSoftmaxLoss, embedding_bpr
+from pnn_fast import BPRLoss, DNSLoss, PNNLoss, SampledSoftmaxLoss, _extension, embedding_bpr
 from pnn_fast.compact import compact_items
 from pnn_fast.known import KnownPositives
+from pnn_fast.sampling import sample_unknown
 
 from batches import requires_kernels
 
@@ -49,6 +50,8 @@ def _losses(known, backend, sparse):
                                                                   hard_candidates=neg.flip(1)),
         "pnn-preset-drawn": lambda u, t, users, pos, neg, noise: preset(u, t, users, pos, noise=noise),
         "dns": lambda u, t, users, pos, neg, noise: DNSLoss(known, backend=backend, sparse=sparse)(u, t, users, pos, neg),
+        "dns-drawn-promised": lambda u, t, users, pos, neg, noise: DNSLoss(known, backend=backend, sparse=sparse)(
+            u, t, users, pos, _drawn(known, users), candidates_unknown=True),
         "dns-in-batch": lambda u, t, users, pos, neg, noise: DNSLoss(known, backend=backend, sparse=sparse)(u, t, users,
                                                                                                             pos),
         "bpr": lambda u, t, users, pos, neg, noise: BPRLoss(backend=backend, sparse=sparse)(u, t, pos, neg),
@@ -59,6 +62,24 @@ def _losses(known, backend, sparse):
         "sl-pnn-classes": lambda u, t, users, pos, neg, noise: SampledSoftmaxLoss(
             known, num_negatives=9, neutral_weight=0.5, backend=backend, sparse=sparse)(u, t, users, pos, neg),
     }
+
+
+def _drawn(known, users):
+    """8 uniform unknown items a row, the same draws every call."""
+    return sample_unknown(known, users, 8, torch.Generator().manual_seed(9), backend="reference")
+
+
+def test_dns_promised_unknown_candidates_give_the_loss_of_the_lookups():
+    """candidates_unknown=True skips the known-item lookups: on drawn candidates, the same loss."""
+    known, users, pos, _, user_table, item_table, _ = _problem(8)
+    neg = _drawn(known, users)
+    for backend in ["reference"] + (["cpu"] if _extension.has_kernels("cpu") else []):
+        for sparse in (False, True):
+            loss_fn = DNSLoss(known, backend=backend, sparse=sparse)
+            torch.testing.assert_close(loss_fn(user_table[users], item_table, users, pos, neg, candidates_unknown=True),
+                                       loss_fn(user_table[users], item_table, users, pos, neg))
+    with pytest.raises(ValueError, match="candidates_unknown promises"):
+        DNSLoss(known)(user_table[users], item_table, users, pos, candidates_unknown=True)
 
 
 def _run(name, backend, sparse, seed=0, step_context=contextlib.nullcontext):

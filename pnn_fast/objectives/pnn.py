@@ -65,5 +65,11 @@ class PNNObjective(Objective):
         user_table, item_table = model.embeddings()
         _, components = self.loss_fn(self.user_rows(user_table, users), item_table, users, pos_items,
                                      generator=generator, return_components=True)
-        return [name for name, value in components.items()
-                if torch.is_floating_point(value) and not torch.isfinite(value).all()]
+        # a finite term times its weight may overflow (--beta 1e308): name the weighted term then
+        weighted = {"alpha * constrain": self.loss_fn.alpha * components["constrain"],
+                    "beta * uniform": self.loss_fn.beta * components["uniform"]}
+        named = [name for name, value in {**components, **weighted}.items()
+                 if torch.is_floating_point(value) and not torch.isfinite(value).all()]
+        if not named:  # each weighted term finite, their sum is not
+            named = ["the sum of the terms"]
+        return named

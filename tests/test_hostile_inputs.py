@@ -1,0 +1,76 @@
+"""Issue 67's hostile inputs as one table: each case is a command (run in-process through the CLI's
+entry point) and the one line it must print on stderr, exit code 2, no traceback. The list only
+grows: a new bad input found is a new row. (Cases that need a second process, a lock or a kill, and
+the checkpoints that are not ours, are in tests/test_train.py.)"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pnn_fast.cli import main
+from pnn_fast.known import KnownPositives
+
+T = ["train", "--epochs", "1", "--no-progress", "--dim", "8"]
+
+#: (id, argv given the case's tmp_path, the expected fragment of the one line)
+CASES = [
+    ("yes-no word", lambda d: T + ["--loss", "dns", "--loss-arg", "in_batch=no", "--out", str(d / "o")],
+     "loss 'dns': in_batch must be true or false, got 'no'"),
+    ("yes-no word pnn", lambda d: T + ["--loss", "pnn", "--loss-arg", "use_rank=off", "--out", str(d / "o")],
+     "loss 'pnn': use_rank must be true or false, got 'off'"),
+    ("dns candidates 0", lambda d: T + ["--loss", "dns", "--loss-arg", "candidates=0", "--out", str(d / "o")],
+     "loss 'dns': candidates must be an int >= 1, got 0"),
+    ("dns candidates -3", lambda d: T + ["--loss", "dns", "--loss-arg", "candidates=-3", "--out", str(d / "o")],
+     "loss 'dns': candidates must be an int >= 1, got -3"),
+    ("valid metric @0", lambda d: T + ["--valid-metric", "ndcg@0", "--out", str(d / "o")],
+     "valid_metric must look like 'ndcg@20' (a cut-off of at least 1), got 'ndcg@0'"),
+    ("compare unknown loss", lambda d: ["compare", "--losses", "bpr,bogus", "--epochs", "1", "--no-progress",
+                                        "--out", str(d / "c")],
+     "--losses: unknown loss(es) ['bogus']"),
+    ("sparse without a sparse path", lambda d: T + ["--loss", "simplex", "--sparse", "--out", str(d / "o")],
+     "--sparse: loss 'simplex' has no sparse path"),
+    ("sparse graph model", lambda d: T + ["--model", "lightgcn", "--sparse", "--out", str(d / "o")],
+     "--sparse needs a model that scores with its embedding tables (mf)"),
+    ("checkpoint is a folder", lambda d: ["evaluate", "--checkpoint", str(d)],
+     "is a folder; give the checkpoint.pt inside it"),
+    ("recommend k 0", lambda d: ["recommend", "--checkpoint", str(d / "x.pt"), "--out", str(d / "r.csv"), "--k", "0"],
+     "--k must be an int >= 1, got 0"),
+] + ([("device cuda without a GPU", lambda d: T + ["--device", "cuda", "--out", str(d / "o")],
+       "device 'cuda': no usable GPU here")] if not torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("argv, fragment", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_hostile_input_gets_one_line(argv, fragment, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv(tmp_path))
+    except SystemExit as err:  # argparse's own refusals
+        code = err.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and fragment in err, err
+    assert "\n" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "o" / "results.json").exists() and not (tmp_path / "c").exists()
+
+
+def test_known_positives_refuse_id_spaces_past_2_31():
+    """2^40 x 2^40 tried to allocate 8.8 TB before failing (and its keys row x I + col overflow int64)."""
+    ids = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^num_users must be below 2\^31, got 1,099,511,627,776$"):
+        KnownPositives.from_pairs(ids, ids, 2**40, 2**40)
+    with pytest.raises(ValueError, match=r"^num_items must be below 2\^31, got 2,147,483,648$"):
+        KnownPositives.from_pairs(ids, ids, 10, 2**31)
+
+
+def test_a_diverged_first_epoch_says_there_is_no_checkpoint_and_writes_strict_json(tmp_path, capsys):
+    """--beta 1e308: the first epoch's loss overflows. The message named a checkpoint that did not exist,
+    and results.json held -Infinity, which strict JSON readers refuse."""
+    code = main(T + ["--loss", "pnn", "--beta", "1e308", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "the loss of epoch 1, batch 1 of" in err, err
+    assert "no epoch finished, so there is no checkpoint" in err and "(non-finite terms: beta * uniform)" in err, err
+    assert not (tmp_path / "o" / "checkpoint.pt").exists()
+    record = json.loads((tmp_path / "o" / "results.json").read_text(),
+                        parse_constant=lambda name: pytest.fail(f"results.json holds {name}"))
+    assert record["status"] == "diverged" and record["best_valid"] is None
