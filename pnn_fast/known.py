@@ -9,7 +9,6 @@ Sampling itself lives in :mod:`pnn_fast.sampling`.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -83,13 +82,18 @@ class KnownPositives(CSR):
             return self
         return KnownPositives(self.indptr.to(device), self.indices.to(device), self.num_users, self.num_items)
 
-    @functools.cached_property
+    @property
     def without_items(self) -> "KnownPositives":
         """The same users and items with nothing known: for candidates already drawn from each user's
         unknown items (:func:`pnn_fast.sampling.sample_unknown`), whose known-item lookups would all
-        come back negative, so an op given this instead skips them. Built once per object."""
-        return KnownPositives.from_sorted_rows(torch.zeros_like(self.indptr), self.indices[:0], self.num_users,
-                                               self.num_items)
+        come back negative, so an op given this instead skips them. Built once per object (cached by
+        hand: functools.cached_property takes a lock, which torch.compile cannot trace)."""
+        cached = self.__dict__.get("_without_items")
+        if cached is None:
+            cached = KnownPositives.from_sorted_rows(torch.zeros_like(self.indptr), self.indices[:0], self.num_users,
+                                                     self.num_items)
+            self.__dict__["_without_items"] = cached
+        return cached
 
     def count(self, users: torch.Tensor) -> torch.Tensor:
         """N_u for each user: int64 tensor shaped like ``users``."""
