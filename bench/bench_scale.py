@@ -10,8 +10,9 @@ probability proportional to (i + 1)^-0.8), d = 64, float32. Only the number of i
 what a step adds from one catalog to the next is table-sized work.
 
 Each row is forward + backward of one loss on the batch's users and positives, with its negatives
-drawn once before timing (SL's 800 uniform unknown items a row, DNS's and BPR's 8 and 1; the
-preset draws its own 8 + 8 in the step, as it does in training). ``plain`` is the floor a loss
+drawn once before timing (SL's 800 uniform unknown items a row, DNS's and BPR's 8 and 1; DNS is
+told they are unknown items, ``candidates_unknown=True``, as its trainer objective does; the preset
+draws its own 8 + 8 in the step, as it does in training). ``plain`` is the floor a loss
 cannot go below on the dense path: ``index_select`` of the users' rows and of each row's positive
 and 8 uniform negatives, their dot products, a log-sum-exp and ``backward()``, whose item gradient
 is a dense [I, d] table. ``mf-adam`` and ``mf-sparse-adam`` are a whole MF training step with BPR
@@ -100,7 +101,8 @@ def make_step(name: str, p: dict, sparse: bool):
             user_emb = user_table.index_select(0, users)
             args = (user_emb, item_table, pos, neg) if name == "bpr" else (user_emb, item_table, users, pos, neg)
             args = args[:-1] if neg is None else args
-            loss = loss_fn(*args)
+            # DNS's candidates were drawn from the unknown items, as its trainer objective says
+            loss = loss_fn(*args, candidates_unknown=True) if name == "dns" else loss_fn(*args)
         loss.backward()
         if name in ("mf-adam", "mf-sparse-adam"):
             optimizer.step()

@@ -100,7 +100,7 @@ def test_trains_through_the_cli(tmp_path):
 
 
 @pytest.mark.parametrize("bad, message", [({"candidates": 0}, "candidates must be an int >= 1"),
-                                          ({"history_len": 2.5}, "history_len must be an int >= 1"),
+                                          ({"history_len": 2.5}, "history_len must be an int, got 2.5"),
                                           ({"gamma": 1.5}, r"gamma must be a finite number in \[0, 1\]"),
                                           ({"beta": -0.1}, "beta must be a finite number >= 0"),
                                           ({"alpha": float("nan")}, "alpha must be a finite number"),
