@@ -188,8 +188,30 @@ def _parse_pairs(option: str, pairs: list) -> dict:
     return out
 
 
+#: the flags of one loss (``--backend`` reaches every loss that takes a backend): flag -> (loss, argparse dest)
+LOSS_FLAGS = {"--dns-candidates": ("dns", "dns_candidates"), "--dns-in-batch": ("dns", "dns_in_batch"),
+              "--pnn-sampled": ("pnn", "pnn_sampled"), "--pnn-candidates": ("pnn", "pnn_candidates"),
+              "--alpha": ("pnn", "alpha"), "--beta": ("pnn", "beta"), "--no-rank": ("pnn", "no_rank"),
+              "--fixed-lambda": ("pnn", "fixed_lambda"), "--no-warmup": ("pnn", "no_warmup"),
+              "--neg-size": ("pnn", "neg_size"), "--history-len": ("pnn", "history_len")}
+
+
+def _check_loss_flags(args, losses: list) -> None:
+    """A loss's flag given (set to other than its default) in a run with no loss that takes it is an
+    error of one line, never dropped: ``--alpha`` with ``--loss sl`` did nothing."""
+    defaults = vars(build_parser().parse_args([args.command]))
+    for flag, (owner, dest) in LOSS_FLAGS.items():
+        if getattr(args, dest) != defaults[dest] and owner not in losses:
+            takes = ", ".join(sorted(OBJECTIVES[losses[0]].DEFAULTS))
+            raise ValueError(f"{flag} is a {owner} option; --loss {losses[0]} takes --loss-arg KEY=VALUE with "
+                             f"its own arguments ({takes})")
+    if args.backend != defaults["backend"] and not any("backend" in OBJECTIVES[loss].DEFAULTS for loss in losses):
+        raise ValueError(f"--backend: no loss of this run ({', '.join(losses)}) takes a backend")
+
+
 def _loss_args(args) -> dict:
-    """The loss's own flags as loss_args (only those of the chosen loss), then --loss-arg."""
+    """The loss's own flags as loss_args (only those of the chosen loss; ``--backend`` for every loss
+    that takes one), then --loss-arg."""
     if args.loss == "dns":
         named = {"candidates": args.dns_candidates, "in_batch": args.dns_in_batch, "backend": args.backend}
     elif args.loss == "pnn":
@@ -204,7 +226,7 @@ def _loss_args(args) -> dict:
                  "lambda_mode": lambda_mode, "fixed_lambda": fixed, "use_rank": not args.no_rank,
                  "backend": args.backend}
     else:
-        named = {}
+        named = {"backend": args.backend} if "backend" in OBJECTIVES[args.loss].DEFAULTS else {}
     pairs = _parse_pairs("--loss-arg", args.loss_arg)
     if args.loss == "pnn" and "preset" in pairs:
         # a preset sets every PNN argument but the backend: the flags' defaults give way to it,
@@ -238,6 +260,7 @@ def _config(args, loss: str):
 
 
 def _train(args) -> None:
+    _check_loss_flags(args, [args.loss])
     config = _config(args, args.loss)
     data = _load_data(args)
     first_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun, one rank reports (the trainer logs likewise)
@@ -268,6 +291,7 @@ def _compare(args) -> None:
     unknown = [loss for loss in losses if loss not in OBJECTIVES]
     if unknown:
         raise ValueError(f"--losses: unknown loss(es) {unknown}; choose from {sorted(OBJECTIVES)}")
+    _check_loss_flags(args, losses)
     configs = {loss: _config(args, loss) for loss in losses}  # every config checked before any training
     data = _load_data(args)
     print(data.summary())

@@ -35,6 +35,12 @@ CASES = [
      "--sparse needs a model that scores with its embedding tables (mf)"),
     ("checkpoint is a folder", lambda d: ["evaluate", "--checkpoint", str(d)],
      "is a folder; give the checkpoint.pt inside it"),
+    ("a pnn flag with sl", lambda d: T + ["--loss", "sl", "--alpha", "0.5", "--out", str(d / "o")],
+     "--alpha is a pnn option; --loss sl takes --loss-arg KEY=VALUE with its own arguments (backend, neg_size"),
+    ("a dns flag with bpr", lambda d: T + ["--loss", "bpr", "--dns-candidates", "4", "--out", str(d / "o")],
+     "--dns-candidates is a dns option; --loss bpr takes --loss-arg KEY=VALUE"),
+    ("a backend for a loss without one", lambda d: T + ["--loss", "ans", "--backend", "cpu", "--out", str(d / "o")],
+     "--backend: no loss of this run (ans) takes a backend"),
     ("recommend k 0", lambda d: ["recommend", "--checkpoint", str(d / "x.pt"), "--out", str(d / "r.csv"), "--k", "0"],
      "--k must be an int >= 1, got 0"),
 ] + ([("device cuda without a GPU", lambda d: T + ["--device", "cuda", "--out", str(d / "o")],
@@ -74,3 +80,26 @@ def test_a_diverged_first_epoch_says_there_is_no_checkpoint_and_writes_strict_js
     record = json.loads((tmp_path / "o" / "results.json").read_text(),
                         parse_constant=lambda name: pytest.fail(f"results.json holds {name}"))
     assert record["status"] == "diverged" and record["best_valid"] is None
+
+
+@pytest.mark.parametrize("loss", ["sl", "bpr", "simplex"])
+def test_backend_reaches_every_loss_that_takes_one(loss):
+    """--backend was dropped for sl, bpr and simplex; it reaches each loss that declares a backend."""
+    from pnn_fast.cli import _config, build_parser
+    from pnn_fast.data import synthetic_dataset
+    from pnn_fast.train import Trainer
+
+    args = build_parser().parse_args(["train", "--loss", loss, "--backend", "reference", "--dim", "8"])
+    config = _config(args, loss)
+    assert config.loss_args["backend"] == "reference"
+    data = synthetic_dataset(num_users=40, num_items=30, interactions_per_user=6, seed=1)
+    assert Trainer(data, config, "/tmp/unused").objective.args["backend"] == "reference"
+
+
+def test_compare_sends_a_pnn_flag_to_pnn_only(tmp_path):
+    """In compare, pnn is in every run: --alpha reaches it, and the other losses go on without it."""
+    from pnn_fast.cli import _config, build_parser
+
+    args = build_parser().parse_args(["compare", "--losses", "sl", "--alpha", "0.5"])
+    assert _config(args, "pnn").loss_args["alpha"] == 0.5
+    assert "alpha" not in _config(args, "sl").loss_args
