@@ -51,8 +51,8 @@ def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: t
         ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``.
     """
     lookup = RowLookup(known, users) if lookup is None else lookup
-    hard, num_unlabeled = ops.hard_negative_argmax(user_emb, item_table, lookup.rows, pos_items, candidates,
-                                                   lookup.known)
+    found = ops.hard_negative_argmax(user_emb, item_table, lookup.rows, pos_items, candidates, lookup.known)
+    hard, num_unlabeled = found.hard, found.num_unlabeled
     bpr, _ = _bpr(user_emb, item_table, pos_items, candidates, hard)
     return bpr, hard, num_unlabeled
 
@@ -74,14 +74,15 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
     num_unlabeled = ops.count_unlabeled(user_emb, item_table, rows, pos_items, candidates, lookup)
     valid = num_unlabeled > 0
     k = negative_class_size(num_unlabeled, known.count(users), known.num_items, neg_size)
-    c_neu, c_neg, num_neutral, num_negative, _, _, hard = ops.class_centroids(user_emb, item_table, rows, pos_items,
-                                                                              candidates, lookup, k)
+    classes = ops.class_centroids(user_emb, item_table, rows, pos_items, candidates, lookup, k)
+    hard = classes.hard
     if hard_candidates is None:
         bpr, pos_emb = _bpr(user_emb, item_table, pos_items, candidates, hard)
     else:
-        hard, _ = ops.hard_negative_argmax(user_emb, item_table, rows, pos_items, hard_candidates, lookup)
+        hard = ops.hard_negative_argmax(user_emb, item_table, rows, pos_items, hard_candidates, lookup).hard
         bpr, pos_emb = _bpr(user_emb, item_table, pos_items, hard_candidates, hard)
     # L_rank and L_constrain in one op each way, in place of some 60 ATen ops through autograd
-    rank, constrain = ops.class_terms(user_emb, pos_emb, c_neu, c_neg, noise_pos, noise_neg, valid, num_negative)
-    return {"bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard, "num_negative": num_negative,
-            "num_neutral": num_neutral, "valid": valid}
+    rank, constrain = ops.class_terms(user_emb, pos_emb, classes.neutral, classes.negative, noise_pos, noise_neg,
+                                      valid, classes.num_negative)
+    return {"bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard,
+            "num_negative": classes.num_negative, "num_neutral": classes.num_neutral, "valid": valid}

@@ -2,14 +2,27 @@
 differentiable w.r.t. the item table."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..known import KnownPositives
 from ._common import OPS, opmath_dtype, row_args
 
 
+class ClassCentroids(NamedTuple):
+    """What :func:`class_centroids` returns (shapes and dtypes there)."""
+    neutral: torch.Tensor
+    negative: torch.Tensor
+    num_neutral: torch.Tensor
+    num_negative: torch.Tensor
+    threshold: torch.Tensor
+    cutoff: torch.Tensor
+    hard: torch.Tensor
+
+
 def class_centroids(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
-                    candidates: torch.Tensor, known: KnownPositives, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                    candidates: torch.Tensor, known: KnownPositives, k: torch.Tensor) -> ClassCentroids:
     """Mean item embedding of each row's neutral and negative class.
 
     The negative class is the ``k[b]`` lowest-scored members of ``U_b`` (ties: smallest ``j``;
@@ -18,7 +31,7 @@ def class_centroids(user_emb: torch.Tensor, item_table: torch.Tensor, users: tor
 
     Args: as :func:`~pnn_fast.ops.hard_negative_argmax`, plus ``k``: int64 [B].
     Returns:
-        ``(neutral, negative, num_neutral, num_negative, threshold, cutoff, hard)``: float [B, d]
+        :class:`ClassCentroids` ``(neutral, negative, num_neutral, num_negative, threshold, cutoff, hard)``: float [B, d]
         in user_emb's dtype (zero rows for empty classes); int64 [B] class sizes; the selection
         state, float [B] ``threshold`` (float64 for float64 inputs, float32 otherwise) and int64 [B]
         ``cutoff``: candidate ``j`` of ``U_b`` is negative iff ``(s_j, j) <= (threshold, cutoff)``
@@ -33,7 +46,8 @@ def class_centroids(user_emb: torch.Tensor, item_table: torch.Tensor, users: tor
         ``(threshold, cutoff)``.  No [B, C] mask is ever stored.
     """
     args = row_args(user_emb.detach(), item_table, users, pos_items, candidates, known)
-    return OPS.class_centroids_fwd.default(*args, k.long(), saved_capacity(user_emb, candidates))[:7]
+    # the schema's last two outputs are the forward's saved scatter groups, for its backward only
+    return ClassCentroids(*OPS.class_centroids_fwd.default(*args, k.long(), saved_capacity(user_emb, candidates))[:7])
 
 
 #: int32 entries of saved scatter groups per call at most (32 MiB), whatever the batch size: enough for

@@ -294,3 +294,15 @@ def test_kernel_preconditions_are_clear_errors():
         members[1, 0] = 6
         ends[1] = torch.tensor([1, 1])
         backward_of(batch, state, grads, members, ends)
+
+
+def test_outputs_are_named_and_the_hard_negative_is_hard_negative_argmaxs():
+    """The op returns named results (no caller unpacks seven tensors by position)."""
+    batch = make_batch(24, 8, per_row=12, seed=3)
+    k = torch.full((24,), 3, dtype=torch.int64)
+    out = ops.class_centroids(*row_args(batch), k)
+    assert out._fields == ("neutral", "negative", "num_neutral", "num_negative", "threshold", "cutoff", "hard")
+    found = ops.hard_negative_argmax(*row_args(batch))
+    assert found._fields == ("hard", "num_unlabeled")
+    assert torch.equal(out.hard, found.hard)
+    assert torch.equal(out.num_neutral + out.num_negative, found.num_unlabeled)
