@@ -202,6 +202,7 @@ class Trainer:
         train_users, train_items = (t.to(self.device) for t in data.train)
         self.train_users, self.train_items = train_users, train_items
         self.known = KnownPositives.from_pairs(train_users, train_items, data.num_users, data.num_items)
+        _check_every_user_has_an_unknown_item(data, self.known)
         # held-out splits as CSR once, so each evaluation only scores and ranks
         self.held_out = {name: CSR.from_pairs(*(t.to(self.device) for t in getattr(data, name)),
                                               data.num_users, data.num_items)
@@ -485,6 +486,18 @@ def strict_json(record: dict) -> str:
             return [finite(item) for item in value]
         return value
     return json.dumps(finite(record), indent=2, allow_nan=False)
+
+
+def _check_every_user_has_an_unknown_item(data: Dataset, known: KnownPositives) -> None:
+    """A user who holds every item leaves no negative to draw and nothing to rank: one line naming
+    the user (in the data's ids) and the data, where the sampler's kernel named neither."""
+    counts = known.row_lengths(torch.arange(data.num_users, device=known.indptr.device))
+    full = (counts >= data.num_items).nonzero()
+    if full.numel():
+        row = int(full[0])
+        name = data.user_ids[row] if data.user_ids is not None else row
+        raise ValueError(f"{data.name}: user {name!r} holds all {data.num_items:,} items in the training split, so no "
+                         f"item is left to sample as a negative or to rank; drop that user")
 
 
 def _lock_folder(folder: Path):

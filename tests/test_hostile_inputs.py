@@ -14,6 +14,14 @@ from pnn_fast.known import KnownPositives
 
 T = ["train", "--epochs", "1", "--no-progress", "--dim", "8"]
 
+
+def _lightgcn(folder, train: str, valid: str, test: str) -> str:
+    """A LightGCN folder (train.txt, valid.txt and test.txt, ``user item item ...`` a line)."""
+    folder.mkdir()
+    for name, text in (("train", train), ("valid", valid), ("test", test)):
+        (folder / f"{name}.txt").write_text(text)
+    return str(folder)
+
 #: (id, argv given the case's tmp_path, the expected fragment of the one line)
 CASES = [
     ("yes-no word", lambda d: T + ["--loss", "dns", "--loss-arg", "in_batch=no", "--out", str(d / "o")],
@@ -41,6 +49,9 @@ CASES = [
      "--dns-candidates is a dns option; --loss bpr takes --loss-arg KEY=VALUE"),
     ("a backend for a loss without one", lambda d: T + ["--loss", "ans", "--backend", "cpu", "--out", str(d / "o")],
      "--backend: no loss of this run (ans) takes a backend"),
+    ("a user who holds every item", lambda d: T + ["--data", _lightgcn(d / "full", "0 0 1 2\n1 0\n", "1 1\n", "1 2\n"),
+                                                   "--loss", "bpr", "--out", str(d / "o")],
+     "full: user 0 holds all 3 items in the training split, so no item is left to sample as a negative"),
     ("recommend k 0", lambda d: ["recommend", "--checkpoint", str(d / "x.pt"), "--out", str(d / "r.csv"), "--k", "0"],
      "--k must be an int >= 1, got 0"),
 ] + ([("device cuda without a GPU", lambda d: T + ["--device", "cuda", "--out", str(d / "o")],
