@@ -15,6 +15,11 @@ from pnn_fast.known import KnownPositives
 T = ["train", "--epochs", "1", "--no-progress", "--dim", "8"]
 
 
+def _bytes(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
 def _lightgcn(folder, train: str, valid: str, test: str) -> str:
     """A LightGCN folder (train.txt, valid.txt and test.txt, ``user item item ...`` a line)."""
     folder.mkdir()
@@ -52,6 +57,13 @@ CASES = [
     ("a user who holds every item", lambda d: T + ["--data", _lightgcn(d / "full", "0 0 1 2\n1 0\n", "1 1\n", "1 2\n"),
                                                    "--loss", "bpr", "--out", str(d / "o")],
      "full: user 0 holds all 3 items in the training split, so no item is left to sample as a negative"),
+    ("non-UTF-8 bytes in a CSV", lambda d: T + ["--data", _bytes(d / "bad.csv", b"user,item\n1,2\n\xff\xfe,3\n"),
+                                                "--out", str(d / "o")],
+     "bad.csv:3: is not UTF-8 text (byte 0xff at column 1)"),
+    ("non-UTF-8 bytes in an .inter", lambda d: T + ["--data", _bytes(d / "bad.inter",
+                                                                     b"user_id:token\titem_id:token\n1\t2\nab\xc3\t3\n"),
+                                                    "--out", str(d / "o")],
+     "bad.inter:3: is not UTF-8 text (byte 0xc3 at column 3)"),
     ("recommend k 0", lambda d: ["recommend", "--checkpoint", str(d / "x.pt"), "--out", str(d / "r.csv"), "--k", "0"],
      "--k must be an int >= 1, got 0"),
 ] + ([("device cuda without a GPU", lambda d: T + ["--device", "cuda", "--out", str(d / "o")],

@@ -8,8 +8,9 @@ splitting happen in :mod:`pnn_fast.data.loaders`.  Anything malformed raises
 in every format.
 
 Files are decoded as UTF-8 with ``surrogateescape`` so that a stray non-UTF-8
-byte becomes a located format error (or a distinct token id) instead of a
-``UnicodeDecodeError`` without a line number.
+byte becomes a format error naming its line, instead of a ``UnicodeDecodeError``
+without a line number, or (in a token format) an id of its own: a garbage row
+read as a new user.
 """
 from __future__ import annotations
 
@@ -200,10 +201,21 @@ def _read_rows(path: Path, sep: str) -> tuple[list[list[str]], list[int]]:
     with _open(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
+            if not line.isascii():
+                _require_utf8(path, lineno, line)
             if line.strip():
                 rows.append(line.split(sep))
                 linenos.append(lineno)
     return rows, linenos
+
+
+def _require_utf8(path: Path, lineno: int, line: str) -> None:
+    """A line decoded with surrogateescape holds a surrogate for each byte that was not UTF-8."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as err:
+        byte = ord(line[err.start]) - 0xDC00
+        raise DataFormatError(path, lineno, f"is not UTF-8 text (byte 0x{byte:02x} at column {err.start + 1})") from None
 
 
 def _table(
