@@ -651,6 +651,8 @@ def to_cpu(values):
         return values.cpu()
     if isinstance(values, dict):
         return {name: to_cpu(value) for name, value in values.items()}
+    if hasattr(values, "_fields"):  # an op's named outputs (ops.ClassCentroids)
+        return type(values)(*(to_cpu(value) for value in values))
     return type(values)(to_cpu(value) for value in values)
 
 
