@@ -316,8 +316,8 @@ def _trained_model(args):
         raise ValueError(f"--checkpoint {args.checkpoint} was trained on {trained[0]:,} users and {trained[1]:,} "
                          f"items, but --data gives {data.num_users:,} and {data.num_items:,}; pass the data (and "
                          f"--rating-threshold, --kcore) it was trained with")
-    check_fingerprint(state, data.fingerprint(), f"--checkpoint {args.checkpoint}")
     trainer = Trainer(data, config, Path(args.checkpoint).parent)
+    check_fingerprint(state, trainer.fingerprint, f"--checkpoint {args.checkpoint}")  # the trainer's, computed once
     trainer.restore(state["best"]["state"] or {"model": state["model"], "objective": state["objective"]})
     return data, trainer
 

@@ -67,13 +67,10 @@ def compact_items(item_table: torch.Tensor, ids: Sequence[torch.Tensor], *, spar
     first = torch.ones_like(sorted_keys, dtype=torch.bool)
     first[1:] = sorted_keys[1:] != sorted_keys[:-1]
     slot = torch.cumsum(first, 0) - 1  # each sorted id's row of the compact table
-    known_count = None
-    if known is not None:
-        known_count = known.row_lengths(users).sum()
-    # the one host read: the sizes of the compact table and of the batch's known items
-    counts = torch.stack([slot[-1] + 1, known_count if known_count is not None else slot[-1]]).tolist()
-    num_distinct = counts[0]
-    items = torch.empty(num_distinct, dtype=torch.int64, device=flat.device).scatter_(0, slot, sorted_keys.long())
+    sizes = [slot[-1] + 1] + ([] if known is None else [known.row_lengths(users).sum()])
+    # the one host read: the size of the compact table (and the number of the batch's known items)
+    sizes = torch.stack(sizes).tolist()
+    items = torch.empty(sizes[0], dtype=torch.int64, device=flat.device).scatter_(0, slot, sorted_keys.long())
     renamed = torch.empty_like(slot).scatter_(0, order, slot)
     out, offset = [], 0
     for t in ids:
@@ -86,7 +83,7 @@ def compact_items(item_table: torch.Tensor, ids: Sequence[torch.Tensor], *, spar
         table = F.embedding(rows, item_table, sparse=True)
     else:
         table = item_table.index_select(0, rows)
-    lookup = None if known is None else compact_lookup(known, users, items, counts[1])
+    lookup = None if known is None else compact_lookup(known, users, items, sizes[1])
     return CompactItems(table, items, tuple(out), lookup)
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import backends
+from ..backends.rows import gather_rows
 from ..compact import compact_items
 from ..known import KnownPositives
 from ..models import Recommender
@@ -119,11 +120,10 @@ class Objective(nn.Module):
         self.args = {**self.DEFAULTS, **args}
 
     def user_rows(self, user_table: torch.Tensor, users: torch.Tensor) -> torch.Tensor:
-        """user_table[users] [B, d]; its gradient is sparse with ``sparse``. index_select, not
-        indexing, on the dense path: its backward adds repeated rows in a fixed order."""
+        """user_table[users] [B, d]; its gradient is sparse with ``sparse``, else ``gather_rows``'."""
         if self.sparse:
             return F.embedding(users, user_table, sparse=True)
-        return user_table.index_select(0, users)
+        return gather_rows(user_table, users)
 
     def forward(self, model: Recommender, users: torch.Tensor, pos_items: torch.Tensor,
                 generator: torch.Generator, reg_weight: float = 0.0) -> BatchLoss:
