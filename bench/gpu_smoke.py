@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 from batches import make_batch  # noqa: E402  (the test suite's problem builder)
 
-from pnn_fast import ops  # noqa: E402
+from pnn_fast import check_kernel_inputs, ops  # noqa: E402
 from pnn_fast.backends import reference  # noqa: E402
 from pnn_fast.csr import CSR  # noqa: E402
 from pnn_fast.losses import PNNLoss  # noqa: E402
@@ -204,6 +204,27 @@ def ranking_ops(device: str) -> None:
           reference.lowest_k_mask(rows_of_k, k), rtol=0, atol=0)
 
 
+def deferred_input_errors(device: str) -> None:
+    """The deferred input errors: a bad id given to an op of a step is clamped and recorded on the
+    device with no read-back (ids_in_range inside gathered_norm, and the op itself), the flag reads
+    back the first error once (take_input_error), and the device is still usable after it."""
+    check_kernel_inputs(device)
+    table = torch.randn(10, 4, device=device)
+    clamped = torch.ops.pnn_fast.ids_in_range(torch.tensor([3, 12, -1], device=device), 10, "smoke", "ids")
+    close("ids_in_range", clamped.cpu(), torch.tensor([3, 9, 0]), rtol=0, atol=0)
+    ops.gathered_norm(table, torch.tensor([0, 99], device=device))  # a second error: the first is kept
+    try:
+        check_kernel_inputs(device)
+    except ValueError as err:
+        if str(err) != "smoke: ids has ids outside [0, 10)":
+            raise SystemExit(f"gpu_smoke: deferred input error reads {err!r}")
+    else:
+        raise SystemExit("gpu_smoke: no deferred input error was recorded")
+    check_kernel_inputs(device)  # cleared
+    close("gathered_norm after the errors", ops.gathered_norm(table, torch.tensor([1, 2], device=device)).cpu(),
+          reference.gathered_norm(table.cpu(), torch.tensor([1, 2])), rtol=1e-5, atol=1e-6)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -212,7 +233,7 @@ def main() -> None:
     called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "class_terms", "embedding_bpr",
               "gathered_dots", "gathered_norm", "pairwise_uniformity", "unit_rows", "csr_spmm", "unknown_items",
               "history_sample",
-              "masked_topk", "rows_contain", "lowest_k_mask"}
+              "masked_topk", "rows_contain", "lowest_k_mask", "ids_in_range", "take_input_error"}
     missing = registered_ops(args.device) - called
     if missing:
         raise SystemExit(f"gpu_smoke: registered ops not exercised here: {sorted(missing)}; add them")
@@ -223,6 +244,8 @@ def main() -> None:
     print(f"gpu_smoke: table ops ok on {args.device}", flush=True)
     ranking_ops(args.device)
     print(f"gpu_smoke: masked_topk, rows_contain and lowest_k_mask ok on {args.device}", flush=True)
+    deferred_input_errors(args.device)
+    print(f"gpu_smoke: deferred input errors (ids_in_range, take_input_error) ok on {args.device}", flush=True)
     if args.compile:
         compiled_loss(args.device)
         print(f"gpu_smoke: torch.compile(PNNLoss) matches eager on {args.device}", flush=True)

@@ -13,6 +13,7 @@
 // only, so the extension can be built against the limited API (one abi3 wheel for every Python).
 #include <Python.h>
 
+#include "common/checks.h"
 #include "cpu/simd.h"
 
 namespace {
@@ -23,8 +24,25 @@ PyObject* simd_level_name(PyObject*, PyObject*) {
   return PyUnicode_FromString(names[pnn_fast::simd_level()]);
 }
 
+// pnn_fast._C.host_read_count(): the read-backs the ops' checks made that synchronise on a device.
+PyObject* host_read_count(PyObject*, PyObject*) { return PyLong_FromLongLong(pnn_fast::host_read_count()); }
+
+// pnn_fast._C.input_error_message(code, bound): the text of a deferred input error (checks.h).
+PyObject* input_error_message(PyObject*, PyObject* args) {
+  long long code = 0, bound = 0;
+  if (!PyArg_ParseTuple(args, "LL", &code, &bound)) return nullptr;
+  try {
+    return PyUnicode_FromString(pnn_fast::input_error_message(code, bound).c_str());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  }
+}
+
 PyMethodDef module_methods[] = {
     {"simd_level", simd_level_name, METH_NOARGS, "The instruction set of the CPU kernels."},
+    {"host_read_count", host_read_count, METH_NOARGS, "Read-backs of the ops' checks that synchronise a device."},
+    {"input_error_message", input_error_message, METH_VARARGS, "The text of a deferred input error."},
     {nullptr, nullptr, 0, nullptr}};
 }  // namespace
 
@@ -77,11 +95,14 @@ TORCH_LIBRARY(pnn_fast, m) {
   // log mean_{i != j} exp(-t ||x_i - x_j||^2) of x [n, d]: a 0-dim tensor (0 when n < 2), the float64
   // log-sum-exp over all ordered pairs, and with `save` (CPU only) the pairs' exponentials for the
   // backward: each row's max m_i [n] and exp(l_ij - m_i) over j > i packed row after row
-  // [n (n - 1) / 2], in x's accumulation dtype (both empty without `save`)
-  m.def("pairwise_uniformity_fwd(Tensor x, float t, bool save) -> (Tensor, Tensor, Tensor, Tensor)");
-  // grad_x [n, d] given the 0-dim grad and the forward's outputs (empty saved ones: computed again)
+  // [n (n - 1) / 2], in x's accumulation dtype (both empty without `save`).  With keep (bool [n]), the
+  // same over the kept rows only, as if x were x[keep] (its n the kept count, a prefix of the saved
+  // tensors), in fixed shapes: the distinct items of a step without their count read on the host
+  m.def("pairwise_uniformity_fwd(Tensor x, float t, bool save, Tensor? keep=None) -> (Tensor, Tensor, Tensor, Tensor)");
+  // grad_x [n, d] given the 0-dim grad and the forward's outputs (empty saved ones: computed again);
+  // 0 in the rows that keep leaves out
   m.def("pairwise_uniformity_bwd(Tensor grad, Tensor x, float t, Tensor total, Tensor saved_row_max, "
-        "Tensor saved_exps) -> Tensor");
+        "Tensor saved_exps, Tensor? keep=None) -> Tensor");
 
   // Table lookups of a training step (the sampler, BPR and RecBole's L2 term).
   // int64 [B, K]: for float32 uniform [B, K] in [0, 1), the floor(u * (num_items - N_u))-th item not known to users[b]
@@ -133,4 +154,12 @@ TORCH_LIBRARY(pnn_fast, m) {
   // torch.sort's order with equal scores by ascending column: a stable argsort's first k[b] (SL's
   // split of its sampled negatives into PNN's classes)
   m.def("lowest_k_mask(Tensor scores, Tensor k) -> Tensor");
+
+  // int64 [2]: (code, bound) of the first deferred input error on like's device (0, 0 when none),
+  // which it clears (csrc/common/checks.h; pnn_fast.check_kernel_inputs reads it)
+  m.def("take_input_error(Tensor like) -> Tensor");
+  // ids (a new tensor, ids' shape and dtype) with each entry outside [0, bound) clamped into it, which
+  // records the deferred input error "<op>: <name> has ids outside [0, bound)": the losses'
+  // validate="deferred" check of their id arguments, with no read-back
+  m.def("ids_in_range(Tensor ids, int bound, str op, str name) -> Tensor");
 }

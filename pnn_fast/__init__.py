@@ -3,6 +3,7 @@
 A fast, drop-in implementation of the RecSys'24 PNN loss with fused C++/CUDA kernels and a
 pure-PyTorch reference backend of identical semantics (docs/semantics.md).
 """
+from ._checks import check_kernel_inputs
 from ._extension import build_info
 from ._version import __version__
 from .attention import UserAwareAttention
@@ -12,4 +13,5 @@ from .losses import BPRLoss, DNSLoss, PNNLoss, SampledSoftmaxLoss, embedding_bpr
 from .sampling import sample_unknown
 
 __all__ = ["BPRLoss", "CSR", "DNSLoss", "KnownPositives", "PNNLoss", "SampledSoftmaxLoss", "UserAwareAttention", "build_info",
+           "check_kernel_inputs",
            "embedding_bpr", "sample_unknown", "__version__"]

@@ -2,21 +2,89 @@
 
 Every check raises a ValueError/TypeError whose message starts with the
 argument's name, so a user sees what to fix instead of a kernel crash or a
-silently wrong loss.  Value checks (id ranges, finiteness) are batched into a
-single host synchronisation by :func:`check_values`.
+silently wrong loss.  Shapes, dtypes and devices are known on the host and always
+checked.  Values (id ranges, finiteness) are checked by one of the losses'
+``validate`` modes (:data:`VALIDATE_MODES`):
+
+- ``"deferred"`` (the default): id ranges are tested on the device, with no host read: a bad id is
+  clamped into range and recorded in a per-device flag (csrc/common/checks.h), which
+  :func:`check_kernel_inputs` reads (a loss's ``check()``; the trainer once an epoch).  The
+  compiled ops record their own bad inputs the same way.  Until it is read, a bad id gives a wrong
+  number; a non-finite input gives a non-finite loss.
+- ``"eager"``: every call checks ids and finiteness, the whole item table included, with one host
+  read (:func:`check_values`), and raises before any kernel runs: for debugging.
+- ``False``: no value checks in Python (the compiled ops still record theirs).
 """
 from __future__ import annotations
 
 import math
 import numbers
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Sequence, Union
 
 import torch
+
+from . import _extension
 
 if TYPE_CHECKING:
     from .known import KnownPositives
 
 _ID_DTYPES = (torch.int32, torch.int64)
+
+
+#: the losses' ``validate`` values; the first is the default (True is accepted as "eager")
+VALIDATE_MODES = ("deferred", "eager", False)
+
+
+def check_validate(value) -> Union[str, bool]:
+    """A loss's ``validate`` argument as one of :data:`VALIDATE_MODES`."""
+    if value is True:
+        return "eager"
+    if value is False or (isinstance(value, str) and value in VALIDATE_MODES):
+        return value
+    raise ValueError(f"validate must be 'deferred', 'eager' or False, got {value!r}")
+
+
+def ids_in_range(ids: torch.Tensor, size: int, op: str, name: str) -> torch.Tensor:
+    """``ids`` (a new tensor, same shape and dtype) with every entry outside [0, size) clamped into it
+    and recorded as the deferred error "<op>: <name> has ids outside [0, size)": no host read.
+    Without the compiled kernels, an eager check (one read) instead."""
+    if not _extension.build_info()["compiled"]:
+        check_values([(f"{op}: {name}", ids, size)], [])
+        return ids
+    if size <= 0 and ids.numel():
+        raise ValueError(f"{op}: {name} holds {ids.numel()} ids but the range [0, {size}) is empty")
+    return torch.ops.pnn_fast.ids_in_range(ids, size, op, name)
+
+
+def check_kernel_inputs(device=None) -> None:
+    """Raise the first deferred input error recorded on ``device`` (every device in use when None)
+    since the last call, and clear it: one host read a device.
+
+    The losses' ``validate="deferred"`` checks and the compiled ops record bad inputs (an id outside
+    its table, a draw outside [0, 1)) on the device instead of reading them back; until this is
+    called, such an input gives a wrong result. Raises ValueError naming the op and the argument.
+    """
+    devices = [torch.device(device)] if device is not None else [torch.device("cpu")] + (
+        [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if torch.cuda.is_initialized() else [])
+    for where in devices:
+        pending = take_kernel_input_error(where)
+        if pending is not None:
+            raise_kernel_input_error(*pending.tolist())
+
+
+def take_kernel_input_error(device) -> Optional[torch.Tensor]:
+    """int64 [2] on ``device``: (code, bound) of its first deferred input error, zeros when none,
+    then cleared; None without the compiled kernels. No host read: a caller that reads something
+    else anyway (the trainer's epoch loss) reads it with that, then :func:`raise_kernel_input_error`."""
+    if not _extension.build_info()["compiled"]:
+        return None
+    return torch.ops.pnn_fast.take_input_error(torch.empty(0, device=device))
+
+
+def raise_kernel_input_error(code: int, bound: int) -> None:
+    """Raise the deferred input error (code, bound) read from :func:`take_kernel_input_error`, if any."""
+    if code:
+        raise ValueError(_extension.input_error_message(code, bound))
 
 
 def require_tensor(name: str, x) -> None:
@@ -78,6 +146,8 @@ def check_id_tensor(name: str, ids, shape: Optional[Sequence[int]]) -> None:
 
 def check_embedding(name: str, x, *, rows: Optional[int], dim: int) -> None:
     require_tensor(name, x)
+    if x.device.type == "meta":  # shapes only: nothing to compute a loss from
+        raise ValueError(f"{name} is a meta tensor (a shape with no data); pass it on a real device (cpu, cuda)")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
     if x.dim() != 2:
@@ -123,11 +193,22 @@ def check_values(id_checks: Sequence[tuple[str, torch.Tensor, int]], finite_chec
         raise ValueError(f"{name} contains NaN or inf")
 
 
+class BatchIds(NamedTuple):
+    """A loss call's id arguments after :func:`validate_batch` (in range under ``"deferred"``)."""
+    users: torch.Tensor
+    pos_items: torch.Tensor
+    neg_items: Optional[torch.Tensor]
+    hard_candidates: Optional[torch.Tensor]
+
+
 def validate_batch(known: KnownPositives, dim: int, user_emb, item_table, users, pos_items, neg_items, noise,
-                   values: bool = True, hard_candidates=None, whole_table: bool = True) -> None:
-    """Shapes, dtypes and devices of one loss call; with ``values`` also id ranges and finiteness
-    (one host sync). ``neg_items`` and ``hard_candidates``: int [B, K] or None. ``whole_table``
-    False leaves ``item_table``'s finiteness to the caller, which checks the rows it reads."""
+                   validate: Union[str, bool] = "eager", hard_candidates=None, whole_table: bool = True,
+                   op: str = "PNNLoss") -> BatchIds:
+    """Shapes, dtypes and devices of one loss call, then its values by ``validate`` (one of
+    :data:`VALIDATE_MODES`): ``"eager"`` checks id ranges and finiteness with one host read (the
+    whole ``item_table`` unless ``whole_table`` is False: the caller then checks the rows it reads);
+    ``"deferred"`` clamps the ids into range on the device, recording errors named after ``op``.
+    ``neg_items`` and ``hard_candidates``: int [B, K] or None. Returns the ids to use."""
     check_embedding("user_emb", user_emb, rows=None, dim=dim)
     batch = user_emb.shape[0]
     if batch == 0:
@@ -156,5 +237,9 @@ def validate_batch(known: KnownPositives, dim: int, user_emb, item_table, users,
             floats.append((name, x))
         check_same("user_emb", user_emb, [("noise_pos", noise[0]), ("noise_neg", noise[1])], dtype=True)
     check_same("user_emb", user_emb, same_device, dtype=False)
-    if values:
+    given = {"users": users, "pos_items": pos_items, "neg_items": neg_items, "hard_candidates": hard_candidates}
+    if validate == "eager":
         check_values(ids, floats)
+    elif validate == "deferred":
+        given.update({name: ids_in_range(x, size, op, name) for name, x, size in ids})
+    return BatchIds(**given)

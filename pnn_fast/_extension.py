@@ -67,6 +67,22 @@ def cpu_simd_level() -> str | None:
     return _C.simd_level()
 
 
+def input_error_message(code: int, bound: int) -> str:
+    """The text of the compiled ops' deferred input error ``code`` (csrc/common/checks.h), with the
+    range [0, bound) when bound >= 0."""
+    from . import _C
+    return _C.input_error_message(int(code), int(bound))
+
+
+def host_read_count() -> int:
+    """How many read-backs the compiled ops' checks have made (each a synchronisation on CUDA);
+    0 without the compiled kernels."""
+    if not _INFO["compiled"]:
+        return 0
+    from . import _C
+    return _C.host_read_count()
+
+
 def has_kernels(device_type: str) -> bool:
     """Whether fused kernels exist for ``device_type`` ("cpu" or "cuda")."""
     if not _INFO["compiled"]:

@@ -14,7 +14,9 @@ it becomes row n, one extra row of the table that no id names (the kernels index
 scratch by known ids, so every known id must be a row of the table).
 
 Cost: one sort of the step's ids and one read of two counts on the host (the number of distinct
-items and of the batch's known items), which size the compact tensors.
+items and of the batch's known items), which size the compact tensors. A caller that needs no
+lookup and takes a dense gradient may size the table by the number of ids instead, with no read
+(``size``): the rows past the distinct items then repeat item 0's, and no id names them.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class CompactItems(NamedTuple):
             sparse COO tensor of n rows (when built with ``sparse=True``). With a lookup, one
             more row, n, that no renamed id names (a copy of ``items[0]``'s, which it gets no
             gradient from): the stand-in for the known items the table does not hold.
-        items: int64 [n], the distinct item ids, ascending.
+        items: int64 [n], the distinct item ids, ascending (with ``size``, zeros after them).
         ids: the input id tensors, each of its own shape, as int64 rows of ``table``.
         lookup: the batch's known items in rows of ``table`` (:func:`compact_lookup`), or None
             when no ``known`` was given.
@@ -46,7 +48,8 @@ class CompactItems(NamedTuple):
 
 
 def compact_items(item_table: torch.Tensor, ids: Sequence[torch.Tensor], *, sparse: bool,
-                  known: Optional[KnownPositives] = None, users: Optional[torch.Tensor] = None) -> CompactItems:
+                  known: Optional[KnownPositives] = None, users: Optional[torch.Tensor] = None,
+                  size: Optional[int] = None) -> CompactItems:
     """Gather the distinct items of ``ids`` from ``item_table`` and rename ``ids`` to their rows.
 
     Args:
@@ -57,6 +60,9 @@ def compact_items(item_table: torch.Tensor, ids: Sequence[torch.Tensor], *, spar
             ``index_select`` (a dense gradient).
         known, users: when given (``users`` int [B]), also build the lookup of batch row b's
             known items (of user ``users[b]``) in rows of the compact table.
+        size: the compact table's rows, known in advance (at least the distinct items; the number
+            of ids always is): no host read. Not with ``known`` or ``sparse`` (a sparse gradient
+            must name each row once, and the padding rows would be rows of it).
     Returns:
         :class:`CompactItems`.
     """
@@ -67,10 +73,15 @@ def compact_items(item_table: torch.Tensor, ids: Sequence[torch.Tensor], *, spar
     first = torch.ones_like(sorted_keys, dtype=torch.bool)
     first[1:] = sorted_keys[1:] != sorted_keys[:-1]
     slot = torch.cumsum(first, 0) - 1  # each sorted id's row of the compact table
-    sizes = [slot[-1] + 1] + ([] if known is None else [known.row_lengths(users).sum()])
-    # the one host read: the size of the compact table (and the number of the batch's known items)
-    sizes = torch.stack(sizes).tolist()
-    items = torch.empty(sizes[0], dtype=torch.int64, device=flat.device).scatter_(0, slot, sorted_keys.long())
+    if size is not None:
+        if known is not None or sparse:
+            raise ValueError("compact_items: a size given in advance is for a dense gradient without a lookup")
+        sizes = [size]
+    else:
+        sizes = [slot[-1] + 1] + ([] if known is None else [known.row_lengths(users).sum()])
+        # the one host read: the size of the compact table (and the number of the batch's known items)
+        sizes = torch.stack(sizes).tolist()
+    items = torch.zeros(sizes[0], dtype=torch.int64, device=flat.device).scatter_(0, slot, sorted_keys.long())
     renamed = torch.empty_like(slot).scatter_(0, order, slot)
     out, offset = [], 0
     for t in ids:

@@ -7,16 +7,17 @@ score is an inner product can swap its loss for these.
 """
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import backends
-from ._checks import (check_embedding, check_id_tensor, check_int, check_neg_size, check_real, check_same,
-                      check_values, require_tensor, validate_batch)
+from ._checks import (check_embedding, check_id_tensor, check_int, check_kernel_inputs, check_neg_size, check_real,
+                      check_same, check_validate, check_values, ids_in_range, require_tensor, validate_batch)
 from .attention import UserAwareAttention
 from .compact import compact_items
 from .distributed import gather_ids
@@ -35,7 +36,27 @@ PRESETS: dict = {
 }
 
 
-class PNNLoss(nn.Module):
+def loss_defaults(loss_class: type) -> dict:
+    """The defaults of ``loss_class``'s arguments, read from its signature: the one place they are
+    written (the trainer's objectives and the RecBole models take theirs from here)."""
+    return {name: p.default for name, p in inspect.signature(loss_class.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+class _ChecksInputs:
+    """The ``check()`` of every loss module."""
+
+    def check(self) -> None:
+        """Raise the first bad input recorded since the last check, and clear it (one host read a device).
+
+        With ``validate="deferred"`` (the default) a call tests its ids on the device and never reads
+        the answer back; a bad id is clamped into range, so that call's loss is wrong until this
+        raises. Call it once an epoch, or after a step while debugging (or use ``validate="eager"``).
+        """
+        check_kernel_inputs()
+
+
+class PNNLoss(_ChecksInputs, nn.Module):
     """Positive-neutral-negative loss (RecSys'24), semantics in docs/semantics.md.
 
     Args:
@@ -69,8 +90,11 @@ class PNNLoss(nn.Module):
             each rank scores them on its own replica of ``item_table``, so with DDP's gradient
             averaging the result equals one process training on the whole global batch.
         backend: "auto", "reference", "cpu" or "cuda" (same semantics everywhere).
-        validate: check id ranges and finiteness on every call (one host sync); a trainer that
-            makes its own ids may turn it off. Shapes, dtypes and devices are always checked.
+        validate: how a call checks its values (shapes, dtypes and devices are always checked):
+            ``"deferred"`` tests the ids on the device with no host read, and :meth:`check` raises
+            what it found; ``"eager"`` checks ids and finiteness, the whole item table included,
+            with one host read a call, before any kernel runs (for debugging; True means this);
+            False checks nothing in Python. Modes: :mod:`pnn_fast._checks`.
         sparse: gather the rows the step reads into a compact table first (:mod:`pnn_fast.compact`),
             so that ``item_table``'s gradient is a sparse COO tensor of those rows, as
             ``nn.Embedding(sparse=True)`` gives, for ``torch.optim.SparseAdam``; no tensor of the
@@ -94,8 +118,8 @@ class PNNLoss(nn.Module):
                  lambda_range: Optional[Tuple[float, float]] = None, lambda_temperature: float = 1.0,
                  use_rank: bool = True, rank_weight: float = 1.0,
                  num_candidates: Optional[int] = None, num_hard_candidates: Optional[int] = None,
-                 candidates_across_ranks: bool = False, backend: str = "auto", validate: bool = True,
-                 sparse: bool = False):
+                 candidates_across_ranks: bool = False, backend: str = "auto",
+                 validate: Union[str, bool] = "deferred", sparse: bool = False):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
@@ -140,7 +164,7 @@ class PNNLoss(nn.Module):
         self.num_candidates, self.num_hard_candidates = num_candidates, num_hard_candidates
         self.candidates_across_ranks = bool(candidates_across_ranks)
         self.backend = backends.check_name(backend)
-        self.validate = validate
+        self.validate = check_validate(validate)
         self.sparse = bool(sparse)
         self.attention = UserAwareAttention(dim, history_len, lambda_temperature) if lambda_mode == "attention" else None
 
@@ -148,8 +172,9 @@ class PNNLoss(nn.Module):
                 pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None,
                 noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_components: bool = False,
                 hard_candidates: Optional[torch.Tensor] = None, generator: Optional[torch.Generator] = None):
-        validate_batch(self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise, self.validate,
-                       hard_candidates=hard_candidates, whole_table=not self.sparse)
+        users, pos_items, neg_items, hard_candidates = validate_batch(
+            self.known, self.dim, user_emb, item_table, users, pos_items, neg_items, noise, self.validate,
+            hard_candidates=hard_candidates, whole_table=not self.sparse, op="PNNLoss")
         known = self.known = self.known.to(user_emb.device)  # moved once, then cached
         # candidates (and hard candidates) drawn here are unknown items by construction
         drawn_here = neg_items is None and self.num_candidates is not None and hard_candidates is None
@@ -169,8 +194,10 @@ class PNNLoss(nn.Module):
         lookup_reads = 0 if drawn_here else users.numel() * known.nnz / max(known.num_users, 1)
         if self.sparse or _catalog_outweighs(item_table, ids, lookup_reads):
             # drawn unknown items need no lookup: nothing is known (the fused kernels skip it then too)
-            table, renamed, lookup = _compact(item_table, ids, self.validate, None if drawn_here else known, users,
-                                              sparse=self.sparse)
+            # a dense gradient without a lookup is sized by the ids, with no host read
+            size = sum(t.numel() for t in ids) if drawn_here and not self.sparse else None
+            table, renamed, lookup = _compact(item_table, ids, self.validate == "eager", None if drawn_here else known, users,
+                                              sparse=self.sparse, size=size)
             lookup = RowLookup(known.without_items, users) if drawn_here else lookup
             pos_items, candidates = renamed[0], renamed[1]
             hard_candidates = None if hard_candidates is None else renamed[2]
@@ -182,9 +209,11 @@ class PNNLoss(nn.Module):
         if self.beta == 0 and not return_components:
             uniform = item_table.new_zeros(())
         else:
-            uniform = self._uniformity(impl, table[torch.unique(candidates)])
+            items = _sorted_with_firsts(candidates)
+            uniform = self._uniformity(impl, table[items.values], items.first)
             if self.uniform_over == "users_and_items":
-                uniform = (uniform + self._uniformity(impl, user_emb[first_rows(users)])) / 2
+                rows = _sorted_with_firsts(users)
+                uniform = (uniform + self._uniformity(impl, user_emb[rows.order], rows.first)) / 2
 
         if self.attention is not None:
             lam = self.attention(user_emb, item_table, users, known, self.backend, sparse=self.sparse)
@@ -205,11 +234,12 @@ class PNNLoss(nn.Module):
         components["lambda"] = lam
         return loss, components
 
-    def _uniformity(self, impl, x: torch.Tensor) -> torch.Tensor:
-        """L_uniform of the rows x [n, d] (normalised first when ``uniform_normalize``): 0-dim."""
+    def _uniformity(self, impl, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """L_uniform of the kept rows of x [n, d] (keep: bool [n]; normalised first when
+        ``uniform_normalize``): 0-dim."""
         if self.uniform_normalize:
             x = F.normalize(x, dim=1, eps=NORM_EPS)
-        return impl.pairwise_uniformity(x, self.uniform_t)
+        return impl.pairwise_uniformity(x, self.uniform_t, keep)
 
     @classmethod
     def from_preset(cls, name: str, known: KnownPositives, dim: int, **overrides) -> "PNNLoss":
@@ -227,13 +257,13 @@ class PNNLoss(nn.Module):
                 f"lambda_mode={self.lambda_mode!r}, backend={self.backend!r}, sparse={self.sparse}")
 
 
-def _compact(table: torch.Tensor, ids, validate: bool, known: Optional[KnownPositives] = None,
-             users: Optional[torch.Tensor] = None, sparse: bool = True):
+def _compact(table: torch.Tensor, ids, eager: bool, known: Optional[KnownPositives] = None,
+             users: Optional[torch.Tensor] = None, sparse: bool = True, size: Optional[int] = None):
     """(the compact table, the renamed ids, the lookup or None), from
-    :func:`pnn_fast.compact.compact_items`; with ``sparse`` and ``validate``, the rows read must be
-    finite (the check ``validate_batch`` makes of the whole table on the dense path)."""
-    compact = compact_items(table, ids, sparse=sparse, known=known, users=users)
-    if validate and sparse:
+    :func:`pnn_fast.compact.compact_items`; with ``sparse`` and ``eager`` (validate="eager"), the rows
+    read must be finite (the check ``validate_batch`` makes of the whole table on the dense path)."""
+    compact = compact_items(table, ids, sparse=sparse, known=known, users=users, size=size)
+    if eager and sparse:
         check_values([], [("item_table", compact.table)])
     return compact.table, compact.ids, compact.lookup
 
@@ -246,17 +276,29 @@ def _catalog_outweighs(item_table: torch.Tensor, ids, lookup_reads: float) -> bo
     return item_table.shape[0] > sum(t.numel() for t in ids) + lookup_reads
 
 
-def first_rows(ids: torch.Tensor) -> torch.Tensor:
-    """int64 [n]: for each distinct value of ids [B], in ascending order, the first row holding it."""
-    distinct, inverse = torch.unique(ids, return_inverse=True)
-    rows = torch.arange(ids.numel(), device=ids.device)
-    first = torch.full(distinct.shape, ids.numel(), dtype=torch.long, device=ids.device)
-    return first.scatter_reduce_(0, inverse, rows, "amin")
+class SortedIds(NamedTuple):
+    """Ids sorted, with their first occurrences marked: ``values[first]`` is ``torch.unique(ids)``,
+    and ``order[first]`` the first position of each, in fixed shapes (no count read on the host).
+
+    Attributes: values, order: int64 [n] (the flattened ids ascending, and their positions, equal ids
+    by position); first: bool [n], whether values[i] is the first of its id.
+    """
+    values: torch.Tensor
+    order: torch.Tensor
+    first: torch.Tensor
+
+
+def _sorted_with_firsts(ids: torch.Tensor) -> SortedIds:
+    values, order = ids.reshape(-1).sort(stable=True)
+    first = torch.ones_like(values, dtype=torch.bool)
+    first[1:] = values[1:] != values[:-1]
+    return SortedIds(values, order, first)
 
 
 def _check_bpr_ids(ref_name: str, ref: torch.Tensor, item_table: torch.Tensor, batch: int, pos_items: torch.Tensor,
-                   neg_items: torch.Tensor, validate: bool, extra=()) -> torch.Tensor:
-    """Checks of a BPR call against ``ref`` (the user rows or table); neg_items as [B, K] ([B] is K = 1)."""
+                   neg_items: torch.Tensor, validate, op: str, extra=()) -> list:
+    """Checks of a BPR call against ``ref`` (the user rows or table), by ``validate`` as
+    :func:`pnn_fast._checks.validate_batch`: [pos_items, neg_items as [B, K] ([B] is K = 1), *extra's ids]."""
     check_embedding("item_table", item_table, rows=None, dim=ref.shape[1])
     check_same(ref_name, ref, [("item_table", item_table)], dtype=True)
     if batch == 0:
@@ -266,15 +308,18 @@ def _check_bpr_ids(ref_name: str, ref: torch.Tensor, item_table: torch.Tensor, b
     if neg_items.shape[0] != batch or neg_items.dim() not in (1, 2) or neg_items.numel() == 0:
         raise ValueError(f"neg_items must have shape [B={batch}] or [B, K] with K >= 1, got {list(neg_items.shape)}")
     check_same(ref_name, ref, [("pos_items", pos_items), ("neg_items", neg_items)], dtype=False)
-    if validate:
-        check_values([("pos_items", pos_items, item_table.shape[0]), ("neg_items", neg_items, item_table.shape[0]),
-                      *extra], [])
-    return neg_items.reshape(batch, -1)
+    ids = [("pos_items", pos_items, item_table.shape[0]), ("neg_items", neg_items.reshape(batch, -1),
+                                                           item_table.shape[0]), *extra]
+    if validate == "eager":
+        check_values(ids, [])
+    elif validate == "deferred":
+        return [ids_in_range(x, size, op, name) for name, x, size in ids]
+    return [x for _, x, _ in ids]
 
 
 def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
                   neg_items: torch.Tensor, *, reg_weight: float = 0.0, backend: str = "auto",
-                  validate: bool = True, sparse: bool = False) -> torch.Tensor:
+                  validate: Union[str, bool] = "deferred", sparse: bool = False) -> torch.Tensor:
     """BPR straight from the embedding tables: mean over (b, k) of
     ``softplus(<U[users_b], I[neg_bk]> - <U[users_b], I[pos_b]>)``, plus, when ``reg_weight`` is not
     0, RecBole's EmbLoss of the gathered rows:
@@ -287,7 +332,8 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     Args:
         user_table: float [U, d]; item_table: float [I, d]; users, pos_items: int [B];
         neg_items: int [B] or [B, K]; reg_weight: a finite float >= 0;
-        backend, validate: as :class:`PNNLoss`; sparse: as :class:`PNNLoss`, for both tables.
+        backend, validate: as :class:`PNNLoss` (``pnn_fast.check_kernel_inputs()`` raises what
+            ``"deferred"`` found); sparse: as :class:`PNNLoss`, for both tables.
     Returns: 0-dim tensor.
     """
     reg_weight = check_real("reg_weight", reg_weight)
@@ -297,8 +343,9 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     if users.dim() != 1:
         raise ValueError(f"users must have shape [B], got {list(users.shape)}")
     check_same("user_table", user_table, [("users", users)], dtype=False)
-    neg = _check_bpr_ids("user_table", user_table, item_table, users.numel(), pos_items, neg_items, validate,
-                         extra=[("users", users, user_table.shape[0])])
+    pos_items, neg, users = _check_bpr_ids("user_table", user_table, item_table, users.numel(), pos_items, neg_items,
+                                           check_validate(validate), "embedding_bpr",
+                                           extra=[("users", users, user_table.shape[0])])
     impl = backends.select(backends.check_name(backend), user_table.device)
     if sparse:
         user_table, (users,), _ = _compact(user_table, [users], False)
@@ -306,7 +353,7 @@ def embedding_bpr(user_table: torch.Tensor, item_table: torch.Tensor, users: tor
     return impl.embedding_bpr(user_table, item_table, users, pos_items, neg, reg_weight)
 
 
-class BPRLoss(nn.Module):
+class BPRLoss(_ChecksInputs, nn.Module):
     """Bayesian personalised ranking with given (sampled) negatives.
 
     forward(user_emb [B, d], item_table [I, d], pos_items int [B], neg_items int [B] or [B, K])
@@ -314,10 +361,10 @@ class BPRLoss(nn.Module):
     ``backend``, ``validate`` and ``sparse`` as :class:`PNNLoss`.
     """
 
-    def __init__(self, *, backend: str = "auto", validate: bool = True, sparse: bool = False):
+    def __init__(self, *, backend: str = "auto", validate: Union[str, bool] = "deferred", sparse: bool = False):
         super().__init__()
         self.backend = backends.check_name(backend)
-        self.validate = validate
+        self.validate = check_validate(validate)
         self.sparse = bool(sparse)
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
@@ -325,14 +372,15 @@ class BPRLoss(nn.Module):
         require_tensor("user_emb", user_emb)
         check_embedding("user_emb", user_emb, rows=None, dim=user_emb.shape[-1] if user_emb.dim() == 2 else -1)
         rows = torch.arange(user_emb.shape[0], device=user_emb.device)
-        neg = _check_bpr_ids("user_emb", user_emb, item_table, user_emb.shape[0], pos_items, neg_items, self.validate)
+        pos_items, neg = _check_bpr_ids("user_emb", user_emb, item_table, user_emb.shape[0], pos_items, neg_items,
+                                        self.validate, "BPRLoss")
         impl = backends.select(self.backend, user_emb.device)
         if self.sparse:
             item_table, (pos_items, neg), _ = _compact(item_table, [pos_items, neg], False)
         return impl.embedding_bpr(user_emb, item_table, rows, pos_items, neg)
 
 
-class DNSLoss(nn.Module):
+class DNSLoss(_ChecksInputs, nn.Module):
     """BPR against the hardest unlabeled candidate of each row (dynamic negative sampling).
 
     Candidates are ``neg_items [B, M]`` (e.g. M uniform samples, the authors' M=8) or, when
@@ -345,14 +393,14 @@ class DNSLoss(nn.Module):
     many items is most of the step (ML-1M: a lookup of 2048 x 165 known items a step).
     """
 
-    def __init__(self, known: KnownPositives, *, backend: str = "auto", validate: bool = True,
+    def __init__(self, known: KnownPositives, *, backend: str = "auto", validate: Union[str, bool] = "deferred",
                  sparse: bool = False):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
         self.known = known
         self.backend = backends.check_name(backend)
-        self.validate = validate
+        self.validate = check_validate(validate)
         self.sparse = bool(sparse)
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
@@ -363,14 +411,15 @@ class DNSLoss(nn.Module):
             raise ValueError("candidates_unknown promises that neg_items were drawn from unknown items; in-batch "
                              "candidates (neg_items None) are other rows' positives")
         dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
-        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None, self.validate,
-                       whole_table=not self.sparse)
+        users, pos_items, neg_items, _ = validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items,
+                                                        None, self.validate, whole_table=not self.sparse, op="DNSLoss")
         self.known = self.known.to(user_emb.device)  # no copy when already there
         impl = backends.select(self.backend, user_emb.device)
         candidates = pos_items if neg_items is None else neg_items
         lookup = None
         if self.sparse:
-            item_table, (pos_items, candidates), lookup = _compact(item_table, [pos_items, candidates], self.validate,
+            item_table, (pos_items, candidates), lookup = _compact(item_table, [pos_items, candidates],
+                                                                  self.validate == "eager",
                                                                   None if candidates_unknown else self.known, users)
         if candidates_unknown:  # nothing is known: every lookup would miss
             lookup = RowLookup(self.known.without_items, users)
@@ -420,7 +469,7 @@ def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_
     return (log_denominator - pos_logit).mean()
 
 
-class SampledSoftmaxLoss(nn.Module):
+class SampledSoftmaxLoss(_ChecksInputs, nn.Module):
     """Sampled softmax, SL (Wu et al., ACM TOIS 2024): each row's positive against ``num_negatives``
     items drawn uniformly, with replacement, from the user's unknown items, over cosine scores
     divided by ``temperature`` (semantics: :func:`sampled_softmax_loss`, docs/baselines/sl.md).
@@ -447,7 +496,7 @@ class SampledSoftmaxLoss(nn.Module):
 
     def __init__(self, known: KnownPositives, *, num_negatives: int = 800, temperature: float = 0.1,
                  neutral_weight: float = 1.0, neg_size: Union[str, int, None] = None, neutral_top: int = 0,
-                 backend: str = "auto", validate: bool = True, sparse: bool = False):
+                 backend: str = "auto", validate: Union[str, bool] = "deferred", sparse: bool = False):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
@@ -470,7 +519,7 @@ class SampledSoftmaxLoss(nn.Module):
                              f"below 1 and neutral_top 0; got neutral_weight={neutral_weight!r}, neutral_top={neutral_top!r}")
         self.neg_size = "proportional" if neg_size is None else neg_size
         self.backend = backends.check_name(backend)
-        self.validate = validate
+        self.validate = check_validate(validate)
         self.sparse = bool(sparse)
 
     def extra_repr(self) -> str:
@@ -494,8 +543,9 @@ class SampledSoftmaxLoss(nn.Module):
                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
         require_tensor("user_emb", user_emb)
         dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
-        validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items, None, self.validate,
-                       whole_table=not self.sparse)
+        users, pos_items, neg_items, _ = validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items,
+                                                        None, self.validate, whole_table=not self.sparse,
+                                                        op="SampledSoftmaxLoss")
         self.known = self.known.to(user_emb.device)  # no copy when already there
         if neg_items is None:
             neg_items = self.sample_negatives(users, generator)
@@ -504,6 +554,6 @@ class SampledSoftmaxLoss(nn.Module):
                              f"{neg_items.shape[1]}")
         num_negative = self.negative_class_sizes(users, neg_items.shape[1]) if self.pnn_classes else None
         if self.sparse:
-            item_table, (pos_items, neg_items), _ = _compact(item_table, [pos_items, neg_items], self.validate)
+            item_table, (pos_items, neg_items), _ = _compact(item_table, [pos_items, neg_items], self.validate == "eager")
         return sampled_softmax_loss(user_emb, item_table, pos_items, neg_items, self.temperature, self.backend,
                                     self.neutral_weight, num_negative, self.neutral_top)

@@ -30,7 +30,7 @@ from torch.optim.adam import adam as functional_adam
 from tqdm.auto import tqdm
 
 from . import distributed
-from ._checks import check_real
+from ._checks import check_real, raise_kernel_input_error, take_kernel_input_error
 from ._extension import build_info
 from ._files import write_text_atomic
 from ._version import __version__, source_revision
@@ -46,7 +46,9 @@ class TrainConfig:
     """Every knob of a run; defaults are the paper's (Adam, lr 1e-3, batch 2048, L2 1e-4, d = 64).
 
     ``loss_args`` override the chosen objective's ``DEFAULTS`` (see :mod:`pnn_fast.objectives`),
-    ``model_args`` the model's RecBole hyper-parameters.
+    ``model_args`` the model's RecBole hyper-parameters. ``data_args`` records how the command read
+    its data (``format``, ``split``, ``split_seed``, ``rating_threshold``, ``kcore``): ``evaluate``
+    and ``recommend`` read it the same way unless told otherwise.
     """
 
     model: str = "mf"
@@ -66,6 +68,7 @@ class TrainConfig:
     sparse: bool = False
     loss_args: dict = field(default_factory=dict)
     model_args: dict = field(default_factory=dict)
+    data_args: dict = field(default_factory=dict)
 
     def __post_init__(self):
         for name in ("dim", "epochs", "batch_size", "patience", "eval_batch_size", "eval_every"):
@@ -291,7 +294,14 @@ class Trainer:
             loss.backward()
             self.adam.step()
             total.add_(loss.detach(), alpha=hi - lo)
-        mean = float(distributed.sum_over_ranks(total)) / n  # the epoch's only host sync
+        # the epoch's only host sync: its loss, with the ops' deferred input errors (none with the
+        # trainer's own ids, which are valid by construction: a bug if it ever fires)
+        pending = take_kernel_input_error(self.device)
+        summed = distributed.sum_over_ranks(total).double().reshape(1)
+        read = torch.cat([summed, pending.double()] if pending is not None else [summed]).tolist()
+        if pending is not None:
+            raise_kernel_input_error(*read[1:])
+        mean = read[0] / n
         if not math.isfinite(mean):
             raise self._diverged(int(first_bad), batches, [])
         return mean

@@ -13,6 +13,8 @@ scores):
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -32,6 +34,20 @@ TOLERANCE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.float64: {"rtol"
 
 #: the names of make_batch's entries that the per-row ops take, in their order
 ROW_ARGS = ("user_emb", "item_table", "users", "pos_items", "candidates", "known")
+
+
+@contextlib.contextmanager
+def deferred_error(match: str, device="cpu"):
+    """The ops' deferred input errors (csrc/common/checks.h): the body's calls run, and the next
+    ``check_kernel_inputs`` raises a ValueError matching ``match``, then nothing (the error is cleared)."""
+    from pnn_fast import check_kernel_inputs
+
+    check_kernel_inputs(device)  # nothing left over from an earlier test
+    yield
+    with pytest.raises(ValueError, match=match) as info:
+        check_kernel_inputs(device)
+    assert "\n" not in str(info.value)
+    check_kernel_inputs(device)
 
 
 def make_batch(rows: int, dim: int, *, per_row: int | None = None, dtype=torch.float64,

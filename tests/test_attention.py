@@ -34,15 +34,3 @@ def test_attention_matches_the_papers_formula(backend):
             a = torch.softmax(torch.stack([user_emb[b] @ torch.tanh(w2 @ e + att.bias.detach()) for e in hist]), 0)
             want = torch.sigmoid(w1 @ (a[:, None] * hist).sum(0))
         torch.testing.assert_close(got[b].detach(), want, rtol=1e-12, atol=1e-14)
-
-
-@pytest.mark.parametrize("shape,size", [((0,), 5), ((7,), 1), ((40, 13), 50), ((300, 50), 3706)])
-def test_distinct_history_ids_are_torch_unique(shape, size):
-    """The attention's sort-free distinct ids give torch.unique's (values, inverse) exactly."""
-    from pnn_fast.attention import _distinct_ids
-
-    ids = torch.randint(0, size, shape, generator=torch.Generator().manual_seed(size))
-    distinct, inverse = _distinct_ids(ids, size)
-    want_distinct, want_inverse = torch.unique(ids, return_inverse=True)
-    assert torch.equal(distinct, want_distinct) and torch.equal(inverse, want_inverse)
-    assert inverse.shape == ids.shape and inverse.dtype == torch.int64

@@ -242,9 +242,9 @@ def test_rank_weight_scales_the_rank_term():
 # ---- PNNLoss: argument checks ---------------------------------------------------------------
 @pytest.fixture
 def small_pnn():
-    """A PNNLoss on the reference backend and valid arguments for it (3 users, 6 items, d = 4)."""
+    """A PNNLoss on the reference backend, checking eagerly, and valid arguments for it (3 users, 6 items, d = 4)."""
     known = KnownPositives.from_pairs(torch.tensor([0, 0, 1, 2]), torch.tensor([1, 3, 2, 0]), 3, 6)
-    loss_fn = PNNLoss(known, 4, backend="reference")
+    loss_fn = PNNLoss(known, 4, backend="reference", validate="eager")
     args = dict(user_emb=torch.randn(3, 4), item_table=torch.randn(6, 4), users=torch.tensor([0, 1, 2]),
                 pos_items=torch.tensor([1, 2, 0]))
     return loss_fn, args
@@ -276,11 +276,32 @@ def call_loss(loss_fn, args, **overrides):
     (dict(user_emb=torch.randint(0, 3, (3, 4))), TypeError, "user_emb"),
     (dict(noise=(torch.rand(3, 4),)), TypeError, "noise"),
     (dict(noise=(torch.rand(3, 4), torch.rand(2, 4))), ValueError, "noise_neg"),
+    (dict(user_emb=torch.randn(3, 4, device="meta"), item_table=torch.randn(6, 4, device="meta")), ValueError,
+     "user_emb is a meta tensor"),
 ])
 def test_bad_input_names_the_argument(small_pnn, override, error, name):
     loss_fn, args = small_pnn
     with pytest.raises(error, match=name):
         call_loss(loss_fn, args, **override)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("cpu", marks=requires_kernels)])
+@pytest.mark.parametrize("override, message", [
+    (dict(users=torch.tensor([0, 1, 3])), r"^PNNLoss: users has ids outside \[0, 3\)$"),
+    (dict(users=torch.tensor([0, -1, 2])), r"^PNNLoss: users has ids outside \[0, 3\)$"),
+    (dict(pos_items=torch.tensor([1, 2, 6])), r"^PNNLoss: pos_items has ids outside \[0, 6\)$"),
+    (dict(neg_items=torch.tensor([[1, 2], [3, 9], [0, 0]])), r"^PNNLoss: neg_items has ids outside \[0, 6\)$"),
+])
+def test_deferred_check_runs_the_step_and_names_the_argument_on_check(small_pnn, backend, override, message):
+    """validate="deferred" (the default): a bad id is clamped, the call returns, and check() raises once."""
+    loss_fn, args = small_pnn
+    deferred = PNNLoss(loss_fn.known, 4, backend=backend)
+    assert deferred.validate == "deferred"
+    deferred.check()
+    assert torch.isfinite(call_loss(deferred, args, **override))
+    with pytest.raises(ValueError, match=message):
+        deferred.check()
+    deferred.check()  # cleared
 
 
 NAN, INF = float("nan"), float("inf")
@@ -428,7 +449,7 @@ def test_bpr_loss_matches_formula():
     torch.testing.assert_close(BPRLoss()(ue, it, pos, neg[:, 0]), torch.stack(
         [F.softplus(ue[b] @ it[neg[b, 0]] - ue[b] @ it[pos[b]]) for b in range(4)]).mean())
     with pytest.raises(ValueError, match="neg_items"):
-        BPRLoss()(ue, it, pos, torch.tensor([[9, 1]] * 4))
+        BPRLoss(validate="eager")(ue, it, pos, torch.tensor([[9, 1]] * 4))
     with pytest.raises(ValueError, match="item_table"):
         BPRLoss()(ue, torch.randn(7, 2), pos, neg)
 

@@ -93,6 +93,7 @@ import torch.nn.functional as F
 
 from batches import DEVICES, requires_kernels
 from pnn_fast import PNNLoss, _extension
+from pnn_fast.attention import user_runs
 from pnn_fast.backends import reference
 from pnn_fast.backends.rows import NORM_EPS, negative_class_size
 from pnn_fast.known import KnownPositives
@@ -1041,10 +1042,10 @@ def attention_bounds(p: dict, loss_fn, config: dict, state: torch.Tensor, coef: 
     attention = loss_fn.attention
     raw_w1, raw_w2, bias = (x.detach().double() for x in (attention.raw_w1, attention.raw_w2, attention.bias))
     w1, w2 = F.softplus(raw_w1), F.softplus(raw_w2)
-    unique_users, row_of = torch.unique(p["users"], return_inverse=True)
+    sorted_users, row_of = user_runs(p["users"])  # the attention's own draw layout
     with torch.random.fork_rng():
         torch.set_rng_state(state)
-        items, mask = sample_history(p["known"], unique_users, length, "reference")
+        items, mask = sample_history(p["known"], sorted_users, length, "reference")
     emb = table[items]  # [n, L, d]
     key = torch.tanh(emb @ w2.T + bias)
     z = emb @ w1

@@ -87,17 +87,44 @@ inline RowInputs prepare_row_inputs(const char* op, const at::Tensor& user_emb, 
 }
 
 // False while `t`'s CUDA stream is capturing a CUDA graph (checks.cpp): a read-back would
-// end the capture with an error, and a replayed graph runs no host code at all.  The value checks
-// below then do not run: they run on eager calls, and on the warm-up call that torch.compile's
-// CUDA graphs (mode="reduce-overhead") make before capturing.
+// end the capture with an error, and a replayed graph runs no host code at all.  The checks that
+// still read back (check_partition, the evaluator's NaN test) then do not run: they run on eager
+// calls, and on the warm-up call that torch.compile's CUDA graphs (mode="reduce-overhead") make
+// before capturing.
 bool host_read_back_allowed(const at::Tensor& t);
 
-// Id ranges (users < num_users, items < num_items): one pass (aminmax, no [N] masks: SL's 2048 x 800
-// ids took three passes and two bool tensors) and one read-back per tensor.
-// Both backends check on the host before launching: on CUDA that costs a synchronisation, but a
-// device-side assert would leave the CUDA context unusable for the rest of the process.
+// Every read-back of a check that would synchronise on a device adds one (pnn_fast._C.host_read_count,
+// which the no-host-read test reads: a dispatch mode sees the reads of Python, not those in here).
+void count_host_read();
+int64_t host_read_count();
+
+// The text of deferred input error `code` (record_input_error), with its range when bound >= 0.
+std::string input_error_message(int64_t code, int64_t bound);
+
+// ---------------------------------------------------------------------------------------------
+// Deferred input errors.  The ops of a training step test their inputs on the device and never read
+// the answer back: on CUDA each read-back is a synchronisation, and a step made 7 to 13 of them.  A
+// bad input records an error in a per-device flag, and the op goes on with a safe stand-in (an id
+// clamped into range), so the kernel stays inside its inputs; its output is then wrong until the
+// error is read, by pnn_fast.check_kernel_inputs() (a loss's check(), the trainer once an epoch).
+// On the CPU the test reads CPU memory directly, which costs no synchronisation, and skips the
+// stand-in's copy when the input is good.  The flag keeps the first error until it is taken.
+
+// Record, in the flag of bad's device, error `what` of op (bad: a 0-dim bool tensor, true when the
+// input is bad; bound >= 0: the ids' range [0, bound) to name, -1: none).  No read-back on CUDA.
+void record_input_error(const char* op, const char* what, const at::Tensor& bad, int64_t bound = -1);
+
+// ids (any shape), contiguous, with every entry outside [0, bound) recorded as an error of op
+// ("<name> has <noun> outside [0, bound)") and clamped into range.
+at::Tensor ids_in_range(const char* op, const at::Tensor& ids, int64_t bound, const char* name,
+                        const char* noun = "ids");
+
+// Id ranges checked now, with one read-back (counted): for the ops outside a loss step (the
+// evaluator's masked_topk and rows_contain, the graph models' csr_spmm), whose callers read their
+// results back anyway.  A device-side assert would leave the CUDA context unusable, hence the host.
 inline void check_ids_below(const char* op, const at::Tensor& ids, int64_t bound, const char* name) {
   if (ids.numel() == 0 || !host_read_back_allowed(ids)) return;
+  count_host_read();  // counted on every device: on CUDA this read synchronises
   const auto [low, high] = at::aminmax(ids);
   TORCH_CHECK(!low.lt(0).logical_or_(high.ge(bound)).item<bool>(), op, ": ", name,
               " has ids outside [0, ", bound, ")");
@@ -109,6 +136,7 @@ inline void check_partition(const char* op, const at::Tensor& indptr, const at::
                             const std::string& indptr_name, const std::string& indices_name) {
   TORCH_CHECK_VALUE(indptr.numel() >= 1, op, ": ", indptr_name, " is empty (it needs num_rows + 1 entries)");
   if (!host_read_back_allowed(indptr)) return;
+  count_host_read();
   // the three conditions folded on the device into one flag: one read-back, not three
   const at::Tensor partition = indptr[0].eq(0)
                                    .logical_and_(indptr[-1].eq(indices.numel()))
@@ -182,7 +210,8 @@ inline RowsContainInputs prepare_rows_contain(const char* op, const at::Tensor& 
 }
 
 // Contiguous, checked inputs of lowest_k_mask: floating-point scores [B, K] (K < 2^31, the
-// selection's columns are int32) and int64 k [B] within [0, K].  Synchronises once on CUDA (the range of k).
+// selection's columns are int32) and int64 k [B], clamped into [0, K] (a k outside it is a deferred
+// input error).
 struct LowestKInputs {
   at::Tensor scores, k;
 };
@@ -193,21 +222,15 @@ inline LowestKInputs prepare_lowest_k_mask(const char* op, const at::Tensor& sco
   check_tensor(op, scores, k, "k", at::kLong, {scores.size(0)}, "scores");
   const int64_t count = scores.size(1);
   TORCH_CHECK(count < (int64_t{1} << 31), op, ": a row must have fewer than 2^31 scores, got ", count);
-  LowestKInputs in{scores.contiguous(), k.contiguous()};
-  if (in.k.numel() != 0 && host_read_back_allowed(in.k)) {
-    const auto [low, high] = at::aminmax(in.k);
-    const at::Tensor range = at::stack({low, high}).cpu();  // one read-back for both ends
-    const int64_t lo = range[0].item<int64_t>(), hi = range[1].item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi <= count, op, ": k must lie in [0, K] = [0, ", count, "], got values in [", lo,
-                ", ", hi, "]");
-  }
-  return in;
+  // a k of K is allowed (every score), so the range of the ids test is [0, K + 1)
+  return {scores.contiguous(), ids_in_range(op, k, count + 1, "k", "values")};
 }
 
-inline void check_id_ranges(const char* op, const RowInputs& in) {
-  check_ids_below(op, in.users, in.known_indptr.numel() - 1, "users");
-  check_ids_below(op, in.pos_items, in.item_table.size(0), "pos_items");
-  check_ids_below(op, in.candidates, in.item_table.size(0), "candidates");
+// The ids of the per-row ops, each in range (deferred input errors, clamped).
+inline void check_id_ranges(const char* op, RowInputs& in) {
+  in.users = ids_in_range(op, in.users, in.known_indptr.numel() - 1, "users");
+  in.pos_items = ids_in_range(op, in.pos_items, in.item_table.size(0), "pos_items");
+  in.candidates = ids_in_range(op, in.candidates, in.item_table.size(0), "candidates");
 }
 
 // Contiguous, checked inputs of the table-lookup ops (embedding_bpr, gathered_norm): float
@@ -250,6 +273,13 @@ inline EmbeddingBprInputs prepare_embedding_bpr(const char* op, const at::Tensor
   return in;
 }
 
+// The ids of embedding_bpr in range (deferred input errors, clamped): the forward's and the backward's.
+inline void clamp_bpr_ids(const char* op, EmbeddingBprInputs& in) {
+  in.users = ids_in_range(op, in.users, in.user_table.size(0), "users");
+  in.pos_items = ids_in_range(op, in.pos_items, in.item_table.size(0), "pos_items");
+  in.neg_items = ids_in_range(op, in.neg_items, in.item_table.size(0), "neg_items");
+}
+
 // Checked, contiguous inputs of the per-user draw ops (unknown_items, history_sample): the known
 // items' CSR (int64 indptr [U + 1], indices), users int64 [B] and uniform float32 [B, K], on one device.
 struct KnownDraws {
@@ -267,21 +297,21 @@ inline KnownDraws prepare_known_draws(const char* op, const at::Tensor& known_in
           uniform.size(0), uniform.size(1), known_indptr.numel() - 1};
 }
 
-// The values of checked draws, on the host before a CUDA launch (a device-side assert would leave
-// the context unusable): users in range, every draw in [0, 1) (NaN fails) and, when num_items is
-// given (unknown_items), an unknown item left for every drawing user.  The CPU kernels test the
-// same per row as they go and raise the same errors.
-inline void check_draw_values(const char* op, const KnownDraws& in, int64_t num_items = -1) {
-  if (!host_read_back_allowed(in.uniform)) return;
-  check_ids_below(op, in.users, in.num_users, "users");
+// The values of checked draws, as deferred input errors (no read-back): users in range (clamped),
+// every draw in [0, 1) (NaN fails) and, when num_items is given (unknown_items), an unknown item
+// left for every drawing user.  The kernels turn a bad draw into a position inside the row
+// (rank_of_uniform), so that the output is wrong but in bounds until the error is read.
+inline void check_draw_values(const char* op, KnownDraws& in, int64_t num_items = -1) {
+  in.users = ids_in_range(op, in.users, in.num_users, "users");
+  if (in.uniform.numel() == 0) return;
   at::Tensor bad = in.uniform.ge(0).logical_and_(in.uniform.lt(1)).logical_not_().any();
   if (num_items < 0) {
-    TORCH_CHECK(!bad.item<bool>(), op, ": uniform must lie in [0, 1)");
+    record_input_error(op, "uniform must lie in [0, 1)", bad);
     return;
   }
   const at::Tensor known = in.indptr.index_select(0, in.users + 1) - in.indptr.index_select(0, in.users);
   bad.logical_or_(known.ge(num_items).any());
-  TORCH_CHECK(!bad.item<bool>(), op, ": uniform must lie in [0, 1) and every user must have an unknown item");
+  record_input_error(op, "uniform must lie in [0, 1) and every user must have an unknown item", bad);
 }
 
 // table float [n, d], ids int64 [m], on one device.

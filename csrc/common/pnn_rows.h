@@ -184,8 +184,10 @@ PNN_HD inline int64_t unknown_by_rank(const int64_t* sorted, int64_t n, int64_t 
 }
 
 // Rank among `free` items of a uniform draw u in [0, 1), as torch computes (u * free).long() in
-// float32, clamped to free - 1 against the rounding of u * free up to free.
+// float32, clamped to free - 1 against the rounding of u * free up to free.  A bad draw (negative,
+// NaN) gives rank 0, a position inside the row: the ops record it as a deferred input error.
 PNN_HD inline int64_t rank_of_uniform(float u, int64_t free) {
+  if (!(u > 0.0f)) return 0;
   const int64_t rank = static_cast<int64_t>(u * static_cast<float>(free));
   return rank < free - 1 ? rank : free - 1;
 }

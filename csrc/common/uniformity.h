@@ -23,6 +23,15 @@ inline double log_num_pairs(int64_t n) {
   return std::log(static_cast<double>(n)) + std::log(static_cast<double>(n - 1));
 }
 
+// keep, when given: bool [n] on x's device, contiguous.
+inline c10::optional<at::Tensor> prepare_keep(const char* op, const at::Tensor& x, const c10::optional<at::Tensor>& keep) {
+  if (!keep.has_value() || !keep->defined()) return c10::nullopt;
+  TORCH_CHECK(keep->device() == x.device(), op, ": keep is on ", keep->device(), " but x is on ", x.device());
+  TORCH_CHECK(keep->scalar_type() == at::kBool && keep->dim() == 1 && keep->size(0) == x.size(0), op,
+              ": keep must be a bool [n] tensor with n = ", x.size(0), ", got ", keep->scalar_type(), " ", keep->sizes());
+  return keep->contiguous();
+}
+
 // The forward's outputs from the log-sum-exp (0-dim float64) over a set of pairs whose
 // exponentials sum to 1 / pair_multiplicity of the sum over all ordered pairs (2 when each
 // unordered pair was taken once): (the loss in x's dtype, the float64 log-sum-exp over all ordered

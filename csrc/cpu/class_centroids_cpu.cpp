@@ -105,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 class_centroids_fwd_cpu(const at::Tensor& user_emb, const at::Tensor& item_table, const at::Tensor& users,
                         const at::Tensor& pos_items, const at::Tensor& candidates, const at::Tensor& known_indptr,
                         const at::Tensor& known_indices, const at::Tensor& k, int64_t capacity) {
-  const RowInputs in =
+  RowInputs in =
       prepare_row_inputs(kFwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
   check_id_ranges(kFwd, in);
   const at::Tensor k_in = row_state(kFwd, in, k, "k", at::kLong);
@@ -225,7 +225,7 @@ at::Tensor class_centroids_bwd_cpu(const at::Tensor& grad_neutral, const at::Ten
                                    const at::Tensor& threshold, const at::Tensor& cutoff,
                                    const at::Tensor& num_neutral, const at::Tensor& num_negative,
                                    const at::Tensor& saved_members, const at::Tensor& saved_ends) {
-  const RowInputs in =
+  RowInputs in =
       prepare_row_inputs(kBwd, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
   check_id_ranges(kBwd, in);
   check_saved_members(kBwd, in, saved_members, saved_ends);

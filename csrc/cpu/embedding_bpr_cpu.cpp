@@ -24,10 +24,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> embedding_bpr_fwd_cpu(const at::T
                                                                      const at::Tensor& pos_items,
                                                                      const at::Tensor& neg_items, double reg_weight) {
   constexpr const char* op = "pnn_fast::embedding_bpr_fwd";
-  const EmbeddingBprInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items, reg_weight);
-  check_ids_below(op, in.users, in.user_table.size(0), "users");
-  check_ids_below(op, in.pos_items, in.item_table.size(0), "pos_items");
-  check_ids_below(op, in.neg_items, in.item_table.size(0), "neg_items");
+  EmbeddingBprInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items, reg_weight);
+  clamp_bpr_ids(op, in);
   at::Tensor loss_out = at::empty({}, in.user_table.options());
   const at::TensorOptions acc_options = in.user_table.options().dtype(opmath_dtype(in.user_table.scalar_type()));
   at::Tensor coef = at::empty({in.rows, in.negatives}, acc_options);
@@ -70,7 +68,8 @@ std::tuple<at::Tensor, at::Tensor> embedding_bpr_bwd_cpu(const at::Tensor& grad,
                                                          const at::Tensor& pos_items, const at::Tensor& neg_items,
                                                          double reg_weight) {
   constexpr const char* op = "pnn_fast::embedding_bpr_bwd";
-  const EmbeddingBprInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items, reg_weight);
+  EmbeddingBprInputs in = prepare_embedding_bpr(op, user_table, item_table, users, pos_items, neg_items, reg_weight);
+  clamp_bpr_ids(op, in);  // the forward's stand-ins: a bad id never writes outside the gradient
   const at::Tensor g = scalar_grad(op, in.user_table, grad);
   const at::ScalarType acc_dtype = g.scalar_type();
   check_tensor(op, in.user_table, coef, "coef", acc_dtype, {in.rows, in.negatives}, "user_table");

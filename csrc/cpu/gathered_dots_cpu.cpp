@@ -17,8 +17,7 @@ namespace {
 at::Tensor gathered_dots_fwd_cpu(const at::Tensor& rows, const at::Tensor& table, const at::Tensor& ids) {
   constexpr const char* op = "pnn_fast::gathered_dots_fwd";
   check_gathered_dots(op, rows, table, ids);
-  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids.contiguous();
-  check_ids_below(op, id, T.size(0), "ids");
+  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids_in_range(op, ids, T.size(0), "ids");
   const int64_t B = R.size(0), d = R.size(1), K = id.size(1);
   at::Tensor out = at::empty({B, K}, R.options());
   PNN_DISPATCH_FLOATING_TYPES(R.scalar_type(), op, [&] {
@@ -45,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor> gathered_dots_bwd_cpu(const at::Tensor& grad,
                                                          const at::Tensor& table, const at::Tensor& ids) {
   constexpr const char* op = "pnn_fast::gathered_dots_bwd";
   check_gathered_dots(op, rows, table, ids);
-  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids.contiguous();
+  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids_in_range(op, ids, T.size(0), "ids");
   const int64_t B = R.size(0), d = R.size(1), K = id.size(1);
   check_tensor(op, R, grad, "grad", R.scalar_type(), {B, K}, "rows");
   const at::Tensor g_in = grad.contiguous();

@@ -19,8 +19,7 @@ namespace {
 at::Tensor gathered_norm_fwd_cpu(const at::Tensor& table, const at::Tensor& ids) {
   constexpr const char* op = "pnn_fast::gathered_norm_fwd";
   check_gathered_norm(op, table, ids);
-  const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
-  check_ids_below(op, ids_in, rows_in.size(0), "ids");
+  const at::Tensor rows_in = table.contiguous(), ids_in = ids_in_range(op, ids, rows_in.size(0), "ids");
   const int64_t n = ids_in.numel(), d = rows_in.size(1);
   at::Tensor norm_out = at::empty({}, table.options());
   PNN_DISPATCH_FLOATING_TYPES(rows_in.scalar_type(), op, [&] {
@@ -42,7 +41,7 @@ at::Tensor gathered_norm_bwd_cpu(const at::Tensor& grad, const at::Tensor& table
                                  const at::Tensor& output) {
   constexpr const char* op = "pnn_fast::gathered_norm_bwd";
   check_gathered_norm(op, table, ids);
-  const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
+  const at::Tensor rows_in = table.contiguous(), ids_in = ids_in_range(op, ids, rows_in.size(0), "ids");
   const at::Tensor g = scalar_grad(op, rows_in, grad);
   const at::Tensor norm = scalar_grad(op, rows_in, output);
   at::Tensor grad_table = at::zeros(rows_in.sizes(), rows_in.options().dtype(g.scalar_type()));

@@ -20,7 +20,7 @@ std::tuple<at::Tensor, at::Tensor> hard_negative_argmax_cpu(const at::Tensor& us
                                                             const at::Tensor& known_indptr,
                                                             const at::Tensor& known_indices) {
   constexpr const char* op = "pnn_fast::hard_negative_argmax";
-  const RowInputs in =
+  RowInputs in =
       prepare_row_inputs(op, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
   check_id_ranges(op, in);
   at::Tensor hard = at::empty({in.rows}, users.options().dtype(at::kLong));

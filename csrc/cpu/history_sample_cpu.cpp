@@ -4,6 +4,7 @@
 // record) made it O(L^2), about 1.5 ms of an ML-1M in-batch step at L = 50.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -38,8 +39,8 @@ class PositionBitmap {
 at::Tensor history_sample_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                               const at::Tensor& uniform) {
   constexpr const char* op = "pnn_fast::history_sample";
-  const KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
-  check_ids_below(op, in.users, in.num_users, "users");
+  KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
+  in.users = ids_in_range(op, in.users, in.num_users, "users");
   at::Tensor items = at::empty(in.uniform.sizes(), users.options());
   const int64_t size = in.per_row;
   const int64_t* ptr = in.indptr.data_ptr<int64_t>();
@@ -68,7 +69,7 @@ at::Tensor history_sample_cpu(const at::Tensor& known_indptr, const at::Tensor& 
       for (int64_t i = taken; i < size; ++i) row[i] = -1;
     }
   });
-  TORCH_CHECK(!bad, op, ": uniform must lie in [0, 1)");
+  record_input_error(op, "uniform must lie in [0, 1)", at::scalar_tensor(bad.load(), at::kBool));
   return items;
 }
 

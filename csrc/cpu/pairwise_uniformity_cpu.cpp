@@ -7,6 +7,8 @@
 // n (n - 1) / 2 exponentials kept for the backward (which otherwise computes them again).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/nonzero.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -148,20 +150,27 @@ void add_weight_sums(const acc_t* w, int64_t stride, int64_t rows, int64_t colum
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pairwise_uniformity_fwd_cpu(const at::Tensor& x, double t,
-                                                                                       bool save) {
+// The forward over all rows of x; the saved tensors are sized for saved_rows >= n rows (the rows of
+// the op's x, of which these may be the kept ones), this x's in their prefix.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> uniformity_fwd_points(const at::Tensor& x, double t,
+                                                                                 bool save, int64_t saved_rows) {
   const at::Tensor points = prepare_points(kUniformityFwd, x, t);
   const int64_t n = points.size(0), d = points.size(1);
   const at::TensorOptions acc_options = x.options().dtype(opmath_dtype(x.scalar_type()));
   if (n < 2) {
     const auto [value, total] = empty_uniformity_outputs(x);
-    return {value, total, at::empty({save ? n : 0}, acc_options), at::empty({0}, acc_options)};
+    return {value, total, at::zeros({save ? saved_rows : 0}, acc_options),
+            at::zeros({save ? triangle_offset(saved_rows, saved_rows) : 0}, acc_options)};
   }
   // Row i's log-sum-exp over its pairs (i, j > i): every unordered pair once, the loss counts it
   // twice.  Task p takes blocks p and nb-1-p, whose pair counts add up to about the same.
   at::Tensor row_lse = at::empty({n}, acc_options);
-  at::Tensor row_max = at::empty({n}, acc_options);
-  at::Tensor saved = at::empty({save ? triangle_offset(n, n) : 0}, acc_options);
+  at::Tensor row_max = at::empty({save ? saved_rows : n}, acc_options);
+  at::Tensor saved = at::empty({save ? triangle_offset(saved_rows, saved_rows) : 0}, acc_options);
+  if (save && saved_rows > n) {  // the entries past this x's: zeros, so that the outputs are deterministic
+    row_max.narrow(0, n, saved_rows - n).zero_();
+    saved.narrow(0, triangle_offset(n, n), saved.numel() - triangle_offset(n, n)).zero_();
+  }
   const int64_t blocks = (n + kBlockRows - 1) / kBlockRows;
   PNN_DISPATCH_FLOATING_TYPES(points.scalar_type(), kUniformityFwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -207,8 +216,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pairwise_uniformity_f
   return {value, ordered_total, save ? row_max : at::empty({0}, acc_options), saved};
 }
 
-at::Tensor pairwise_uniformity_bwd_cpu(const at::Tensor& grad, const at::Tensor& x, double t, const at::Tensor& total,
-                                       const at::Tensor& saved_row_max, const at::Tensor& saved_exps) {
+at::Tensor uniformity_bwd_points(const at::Tensor& grad, const at::Tensor& x, double t, const at::Tensor& total,
+                                 const at::Tensor& saved_row_max, const at::Tensor& saved_exps) {
   const at::Tensor points = prepare_points(kUniformityBwd, x, t);
   TORCH_CHECK(grad.numel() == 1 && total.numel() == 1, kUniformityBwd, ": grad and total must be scalars");
   const int64_t n = points.size(0), d = points.size(1);
@@ -297,6 +306,33 @@ at::Tensor pairwise_uniformity_bwd_cpu(const at::Tensor& grad, const at::Tensor&
   });
   const at::Tensor grad_x = (x_acc * weight_totals.sum(0).unsqueeze(1) - weighted.sum(0)).mul_(scale);
   return grad_x.to(x.scalar_type());
+}
+
+// With keep, the kept rows are selected on the host (CPU memory: no synchronisation) and the
+// forward and backward run on them; the saved tensors keep the sizes of all of x's rows (those of
+// the fake kernel), the kept rows' in their prefix.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pairwise_uniformity_fwd_cpu(
+    const at::Tensor& x, double t, bool save, const c10::optional<at::Tensor>& keep) {
+  const c10::optional<at::Tensor> kept = prepare_keep(kUniformityFwd, x, keep);
+  if (!kept) return uniformity_fwd_points(x, t, save, x.size(0));
+  return uniformity_fwd_points(x.index_select(0, kept->nonzero().squeeze(1)), t, save, x.size(0));
+}
+
+at::Tensor pairwise_uniformity_bwd_cpu(const at::Tensor& grad, const at::Tensor& x, double t, const at::Tensor& total,
+                                       const at::Tensor& saved_row_max, const at::Tensor& saved_exps,
+                                       const c10::optional<at::Tensor>& keep) {
+  const c10::optional<at::Tensor> kept = prepare_keep(kUniformityBwd, x, keep);
+  if (!kept) return uniformity_bwd_points(grad, x, t, total, saved_row_max, saved_exps);
+  const at::Tensor rows = kept->nonzero().squeeze(1);
+  const int64_t n = rows.numel(), all = x.size(0);
+  const bool saved = saved_exps.numel() > 0;
+  TORCH_CHECK(!saved || (saved_row_max.numel() == all && saved_exps.numel() == triangle_offset(all, all)),
+              kUniformityBwd, ": saved_row_max and saved_exps must be the forward's ([", all, "] and [",
+              triangle_offset(all, all), "]), got ", saved_row_max.sizes(), " and ", saved_exps.sizes());
+  const at::Tensor grad_kept = uniformity_bwd_points(
+      grad, x.index_select(0, rows), t, total, saved ? saved_row_max.narrow(0, 0, n) : saved_row_max,
+      saved ? saved_exps.narrow(0, 0, triangle_offset(n, n)) : saved_exps);
+  return at::zeros_like(x).index_copy_(0, rows, grad_kept);
 }
 
 }  // namespace

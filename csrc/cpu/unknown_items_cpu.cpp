@@ -7,6 +7,7 @@
 //    searches cost some 60 ns a draw from L1, a chain of dependent loads and compares.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -66,8 +67,8 @@ class RankIndex {
 at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                              const at::Tensor& uniform, int64_t num_items) {
   constexpr const char* op = "pnn_fast::unknown_items";
-  const KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
-  check_ids_below(op, in.users, in.num_users, "users");
+  KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
+  in.users = ids_in_range(op, in.users, in.num_users, "users");
   at::Tensor items = at::empty(in.uniform.sizes(), users.options());
   const int64_t rows = in.rows, per_row = in.per_row;
   const int64_t* ptr = in.indptr.data_ptr<int64_t>();
@@ -146,7 +147,8 @@ at::Tensor unknown_items_cpu(const at::Tensor& known_indptr, const at::Tensor& k
       }
     });
   }
-  TORCH_CHECK(!bad, op, ": uniform must lie in [0, 1) and every user must have an unknown item");
+  record_input_error(op, "uniform must lie in [0, 1) and every user must have an unknown item",
+                     at::scalar_tensor(bad.load(), at::kBool));
   return items;
 }
 

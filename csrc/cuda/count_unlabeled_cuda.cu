@@ -26,7 +26,7 @@ at::Tensor count_unlabeled_cuda(const at::Tensor& user_emb, const at::Tensor& it
                                 const at::Tensor& pos_items, const at::Tensor& candidates,
                                 const at::Tensor& known_indptr, const at::Tensor& known_indices) {
   constexpr const char* op = "pnn_fast::count_unlabeled";
-  const RowInputs in =
+  RowInputs in =
       prepare_row_inputs(op, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
   check_id_ranges(op, in);
   const c10::cuda::CUDAGuard guard(user_emb.device());

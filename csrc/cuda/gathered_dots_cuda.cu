@@ -42,8 +42,7 @@ __global__ void gathered_dots_bwd_kernel(const scalar_t* grad, const scalar_t* r
 at::Tensor gathered_dots_fwd_cuda(const at::Tensor& rows, const at::Tensor& table, const at::Tensor& ids) {
   constexpr const char* op = "pnn_fast::gathered_dots_fwd";
   check_gathered_dots(op, rows, table, ids);
-  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids.contiguous();
-  check_ids_below(op, id, T.size(0), "ids");
+  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids_in_range(op, ids, T.size(0), "ids");
   const c10::cuda::CUDAGuard guard(R.device());
   at::Tensor out = at::empty({R.size(0), id.size(1)}, R.options());
   PNN_DISPATCH_FLOATING_TYPES(R.scalar_type(), op, [&] {
@@ -59,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor> gathered_dots_bwd_cuda(const at::Tensor& grad
   constexpr const char* op = "pnn_fast::gathered_dots_bwd";
   at::globalContext().alertNotDeterministic(op);  // float atomicAdds into the table's gradient
   check_gathered_dots(op, rows, table, ids);
-  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids.contiguous();
+  const at::Tensor R = rows.contiguous(), T = table.contiguous(), id = ids_in_range(op, ids, T.size(0), "ids");
   check_tensor(op, R, grad, "grad", R.scalar_type(), {R.size(0), id.size(1)}, "rows");
   const c10::cuda::CUDAGuard guard(R.device());
   const at::Tensor g_in = grad.contiguous();

@@ -35,8 +35,7 @@ at::Tensor gathered_norm_fwd_cuda(const at::Tensor& table, const at::Tensor& ids
   constexpr const char* op = "pnn_fast::gathered_norm_fwd";
   check_gathered_norm(op, table, ids);
   const c10::cuda::CUDAGuard guard(table.device());
-  const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
-  check_ids_below(op, ids_in, rows_in.size(0), "ids");
+  const at::Tensor rows_in = table.contiguous(), ids_in = ids_in_range(op, ids, rows_in.size(0), "ids");
   at::Tensor squares = at::empty({ids_in.numel()}, table.options().dtype(opmath_dtype(table.scalar_type())));
   PNN_DISPATCH_FLOATING_TYPES(rows_in.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -53,7 +52,7 @@ at::Tensor gathered_norm_bwd_cuda(const at::Tensor& grad, const at::Tensor& tabl
   at::globalContext().alertNotDeterministic(op);  // float atomicAdds where ids repeat
   check_gathered_norm(op, table, ids);
   const c10::cuda::CUDAGuard guard(table.device());
-  const at::Tensor rows_in = table.contiguous(), ids_in = ids.contiguous();
+  const at::Tensor rows_in = table.contiguous(), ids_in = ids_in_range(op, ids, rows_in.size(0), "ids");
   const at::Tensor g = scalar_grad(op, rows_in, grad).contiguous();
   const at::Tensor norm = scalar_grad(op, rows_in, output).contiguous();
   at::Tensor grad_table = at::zeros(rows_in.sizes(), rows_in.options().dtype(g.scalar_type()));

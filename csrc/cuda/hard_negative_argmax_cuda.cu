@@ -32,7 +32,7 @@ std::tuple<at::Tensor, at::Tensor> hard_negative_argmax_cuda(const at::Tensor& u
                                                              const at::Tensor& known_indptr,
                                                              const at::Tensor& known_indices) {
   constexpr const char* op = "pnn_fast::hard_negative_argmax";
-  const RowInputs in =
+  RowInputs in =
       prepare_row_inputs(op, user_emb, item_table, users, pos_items, candidates, known_indptr, known_indices);
   check_id_ranges(op, in);
   const c10::cuda::CUDAGuard guard(user_emb.device());

@@ -26,7 +26,7 @@ __global__ void history_sample_kernel(const int64_t* indptr, const int64_t* know
 at::Tensor history_sample_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices,
                                const at::Tensor& users, const at::Tensor& uniform) {
   constexpr const char* op = "pnn_fast::history_sample";
-  const KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
+  KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
   check_draw_values(op, in);
   const c10::cuda::CUDAGuard guard(known_indptr.device());
   at::Tensor items = at::empty(in.uniform.sizes(), users.options());

@@ -12,6 +12,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/logsumexp.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
@@ -23,17 +24,22 @@
 namespace pnn_fast {
 namespace {
 
+// Whether the pair (i, j), i != j, counts: both rows kept (every row when keep is null).
+__device__ inline bool pair_kept(const bool* keep, int64_t i, int64_t j) {
+  return i != j && (keep == nullptr || (keep[i] && keep[j]));
+}
+
 // distances: [tile, n], the squared distances of points row0.. (one block per point).
 template <typename acc_t>
 __global__ void uniformity_rows_kernel(const acc_t* distances, int64_t row0, int64_t n, acc_t neg_t,
-                                       double* row_lse) {
+                                       const bool* keep, double* row_lse) {
   __shared__ acc_t maxima[kThreads];
   __shared__ acc_t sums[kThreads];
   const int64_t i = row0 + blockIdx.x;
   const acc_t* distance = distances + static_cast<int64_t>(blockIdx.x) * n;
   LogSumExp<acc_t> state = lse_empty<acc_t>();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    if (j != i) lse_add(state, neg_t * distance[j]);
+    if (pair_kept(keep, i, j)) lse_add(state, neg_t * distance[j]);
   }
   maxima[threadIdx.x] = state.max;
   sums[threadIdx.x] = state.sum;
@@ -54,14 +60,14 @@ __global__ void uniformity_rows_kernel(const acc_t* distances, int64_t row0, int
 // block's row), 0 at j = i, with L the forward's float64 total; weight_sums[i] = sum_j w_ij.
 template <typename acc_t>
 __global__ void uniformity_weights_kernel(acc_t* tile, int64_t row0, int64_t n, acc_t neg_t, const double* total,
-                                          acc_t* weight_sums) {
+                                          const bool* keep, acc_t* weight_sums) {
   __shared__ acc_t scratch[kWarps];
   const int64_t i = row0 + blockIdx.x;
   acc_t* weights = tile + static_cast<int64_t>(blockIdx.x) * n;
   const acc_t total_lse = static_cast<acc_t>(total[0]);
   acc_t sum = 0;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    const acc_t w = j != i ? exp_(neg_t * weights[j] - total_lse) : acc_t(0);
+    const acc_t w = pair_kept(keep, i, j) ? exp_(neg_t * weights[j] - total_lse) : acc_t(0);
     weights[j] = w;
     sum += w;
   }
@@ -70,10 +76,14 @@ __global__ void uniformity_weights_kernel(acc_t* tile, int64_t row0, int64_t n, 
 }
 
 // The CUDA backward computes its weights again: nothing is saved.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pairwise_uniformity_fwd_cuda(const at::Tensor& x, double t,
-                                                                                        bool save) {
+// With keep, the rows it leaves out take part in no pair, and the mean is over the kept count's
+// pairs, a count that stays on the device (no read-back).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pairwise_uniformity_fwd_cuda(
+    const at::Tensor& x, double t, bool save, const c10::optional<at::Tensor>& keep) {
   TORCH_CHECK(!save, kUniformityFwd, ": save is for the CPU kernels only");
   const at::Tensor points = prepare_points(kUniformityFwd, x, t);
+  const c10::optional<at::Tensor> kept = prepare_keep(kUniformityFwd, x, keep);
+  const bool* keep_ptr = kept ? kept->data_ptr<bool>() : nullptr;
   const int64_t n = points.size(0), d = points.size(1);
   // The CPU kernels' saved row maxima and exponentials: none here, but two distinct empty tensors,
   // since the schema's outputs may not alias (opcheck's test_schema and CUDA graphs rely on it).
@@ -92,17 +102,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pairwise_uniformity_f
                                [&](int64_t row0, const at::Tensor& distances) {
                                  launch_rows(uniformity_rows_kernel<acc_t>, distances.size(0), 0,
                                              distances.data_ptr<acc_t>(), row0, n, static_cast<acc_t>(-t),
-                                             row_lse.data_ptr<double>());
+                                             keep_ptr, row_lse.data_ptr<double>());
                                });
   });
-  const auto [value, total] = uniformity_outputs(at::logsumexp(row_lse, {0}), 1.0, points);
-  return {value, total, nothing(), nothing()};
+  if (!kept) {
+    const auto [value, total] = uniformity_outputs(at::logsumexp(row_lse, {0}), 1.0, points);
+    return {value, total, nothing(), nothing()};
+  }
+  const at::Tensor total = at::logsumexp(row_lse, {0});
+  const at::Tensor count = kept->sum().to(at::kDouble);  // on the device
+  const at::Tensor value = at::where(count.ge(2), total - count.log() - (count - 1).log(), at::zeros_like(total));
+  return {value.to(x.scalar_type()), total, nothing(), nothing()};
 }
 
 at::Tensor pairwise_uniformity_bwd_cuda(const at::Tensor& grad, const at::Tensor& x, double t, const at::Tensor& total,
-                                        const at::Tensor& /*saved_row_max*/, const at::Tensor& saved_exps) {
+                                        const at::Tensor& /*saved_row_max*/, const at::Tensor& saved_exps,
+                                        const c10::optional<at::Tensor>& keep) {
   TORCH_CHECK(saved_exps.numel() == 0, kUniformityBwd, ": saved exponentials are for the CPU kernels only");
   const at::Tensor points = prepare_points(kUniformityBwd, x, t);
+  const c10::optional<at::Tensor> kept = prepare_keep(kUniformityBwd, x, keep);
+  const bool* keep_ptr = kept ? kept->data_ptr<bool>() : nullptr;
   TORCH_CHECK(grad.numel() == 1 && total.numel() == 1, kUniformityBwd, ": grad and total must be scalars");
   check_same_device(kUniformityBwd, points, "x", grad, "grad");
   check_same_device(kUniformityBwd, points, "x", total, "total");
@@ -123,7 +142,7 @@ at::Tensor pairwise_uniformity_bwd_cuda(const at::Tensor& grad, const at::Tensor
                                [&](int64_t row0, const at::Tensor& tile) {
                                  launch_rows(uniformity_weights_kernel<acc_t>, tile.size(0), 0,
                                              tile.data_ptr<acc_t>(), row0, n, static_cast<acc_t>(-t),
-                                             total_in.data_ptr<double>(), weight_sums.data_ptr<acc_t>());
+                                             total_in.data_ptr<double>(), keep_ptr, weight_sums.data_ptr<acc_t>());
                                  at::Tensor rows = weighted.narrow(0, row0, tile.size(0));
                                  at::mm_out(rows, tile, x_acc);
                                });

@@ -23,7 +23,7 @@ __global__ void unknown_items_kernel(const int64_t* indptr, const int64_t* known
 at::Tensor unknown_items_cuda(const at::Tensor& known_indptr, const at::Tensor& known_indices, const at::Tensor& users,
                               const at::Tensor& uniform, int64_t num_items) {
   constexpr const char* op = "pnn_fast::unknown_items";
-  const KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
+  KnownDraws in = prepare_known_draws(op, known_indptr, known_indices, users, uniform);
   check_draw_values(op, in, num_items);
   const c10::cuda::CUDAGuard guard(known_indptr.device());
   at::Tensor items = at::empty(in.uniform.sizes(), users.options());

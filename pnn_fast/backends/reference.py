@@ -12,6 +12,7 @@ of size [B, C, d] is ever built: scores and centroids are matrix products.
 from __future__ import annotations
 
 import math
+from typing import Optional
 from collections.abc import Sequence
 
 import torch
@@ -271,11 +272,14 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
     return F.normalize(x, dim=-1, eps=NORM_EPS)
 
 
-def pairwise_uniformity(x: torch.Tensor, t: float) -> torch.Tensor:
+def pairwise_uniformity(x: torch.Tensor, t: float, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
     """log( mean over ordered pairs i != j of exp(-t ||x_i - x_j||^2) ); 0 for fewer than two rows.
 
-    x: float [n, d]. Computed as logsumexp over the off-diagonal pairs minus log(n (n-1)).
+    x: float [n, d]; keep: bool [n] or None, the rows that count (``x[keep]``). Computed as
+    logsumexp over the off-diagonal pairs minus log(n (n-1)).
     """
+    if keep is not None:
+        x = x[keep]
     n = x.shape[0]
     if n < 2:
         return x.sum() * 0

@@ -26,6 +26,7 @@ from .gathered_dots import gathered_dots
 from .gathered_norm import gathered_norm
 from .hard_negative_argmax import hard_negative_argmax
 from .history_sample import history_sample
+from . import ids_in_range, take_input_error  # noqa: F401  (their fake kernels; pnn_fast._checks calls them)
 from .lowest_k_mask import lowest_k_mask
 from .masked_topk import masked_topk
 from .pairwise_uniformity import pairwise_uniformity

@@ -107,7 +107,7 @@ def opcheck_cases(device: str) -> list:
 def test_embedding_bpr_bad_input_names_the_argument():
     user_table, item_table, users, pos, neg = bpr_inputs(rows=5)
     with pytest.raises(ValueError, match="users"):
-        embedding_bpr(user_table, item_table, users + 100, pos, neg)
+        embedding_bpr(user_table, item_table, users + 100, pos, neg, validate="eager")
     with pytest.raises(ValueError, match="neg_items"):
         embedding_bpr(user_table, item_table, users, pos, neg[:4])
     with pytest.raises(ValueError, match="neg_items"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batches import DEVICES, requires_kernels
+from batches import DEVICES, requires_kernels, deferred_error
 from pnn_fast import KnownPositives, _extension
 from pnn_fast.backends import reference
 
@@ -78,13 +78,15 @@ def opcheck_cases(device: str) -> list:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_history_sample_rejects_bad_draws(device):
-    """Checked before the kernel runs, on CUDA too (see test_unknown_items_rejects_bad_draws_and_users)."""
+    """Deferred input errors (no read-back, on CUDA too; see test_unknown_items_rejects_bad_draws_and_users),
+    with an output inside the user's items or -1 meanwhile."""
     known = history_known().to(device)
     users = torch.tensor([6, 2], device=device)
     for bad in (1.0, -0.5, float("nan")):
-        with pytest.raises(RuntimeError, match=r"uniform must lie in \[0, 1\)"):
-            ops.history_sample(known, users, torch.full((2, 4), bad, device=device))
+        with deferred_error(r"^pnn_fast::history_sample: uniform must lie in \[0, 1\)$", device):
+            out = ops.history_sample(known, users, torch.full((2, 4), bad, device=device))
+        assert ((out == -1) | known.contains(users[:, None], out.clamp_min(0))).all()
     with pytest.raises(RuntimeError, match="uniform"):
         ops.history_sample(known, users, torch.rand(2, 4, dtype=torch.float64, device=device))
-    with pytest.raises(RuntimeError, match=r"users has ids outside \[0, 7\)"):
+    with deferred_error(r"^pnn_fast::history_sample: users has ids outside \[0, 7\)$", device):
         ops.history_sample(known, torch.tensor([7, 0], device=device), torch.rand(2, 4, device=device))

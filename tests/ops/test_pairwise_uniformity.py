@@ -106,14 +106,39 @@ def opcheck_cases(device: str) -> list:
     x = torch.randn(40, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     grad = torch.tensor(0.5, dtype=torch.float64, device=device)
     cases = []
+    keep = torch.arange(40, device=device) % 3 != 1
     for save in (False, True) if device == "cpu" else (False,):
         _, total, row_max, exps = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0, save)
+        _, kept_total, kept_max, kept_exps = torch.ops.pnn_fast.pairwise_uniformity_fwd(x, 2.0, save, keep)
         cases += [
             (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x, 2.0, save]),
             (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x.clone().requires_grad_(), 2.0, save]),
             (torch.ops.pnn_fast.pairwise_uniformity_bwd.default, [grad, x, 2.0, total, row_max, exps]),
+            (torch.ops.pnn_fast.pairwise_uniformity_fwd.default, [x.clone().requires_grad_(), 2.0, save, keep]),
+            (torch.ops.pnn_fast.pairwise_uniformity_bwd.default,
+             [grad, x, 2.0, kept_total, kept_max, kept_exps, keep]),
         ]
     return cases
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kept", [0, 1, 2, 17, 40])
+def test_kept_rows_give_the_uniformity_of_those_rows_alone(device, kept):
+    """keep (bool [n]) gives the value and gradient of x[keep] in fixed shapes: the rows it drops get
+    no gradient, and with fewer than two kept rows the value is 0."""
+    gen = torch.Generator().manual_seed(kept)
+    x = torch.randn(40, 5, dtype=torch.float64, generator=gen).to(device)
+    keep = torch.zeros(40, dtype=torch.bool)
+    keep[torch.randperm(40, generator=gen)[:kept]] = True
+    keep = keep.to(device)
+    got_x, want_x = x.clone().requires_grad_(), x[keep].clone().requires_grad_()
+    got, want = ops.pairwise_uniformity(got_x, 1.5, keep), reference.pairwise_uniformity(want_x, 1.5)
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
+    (got * 0.7).backward()
+    if kept >= 2:
+        (want * 0.7).backward()
+        torch.testing.assert_close(got_x.grad[keep], want_x.grad, **TOLERANCE[torch.float64])
+    assert not got_x.grad[~keep].any()
 
 
 def pair_logits(x: torch.Tensor, t: float) -> torch.Tensor:

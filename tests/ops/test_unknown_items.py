@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batches import DEVICES, make_batch, requires_kernels
+from batches import DEVICES, make_batch, requires_kernels, deferred_error
 from pnn_fast import KnownPositives, _extension
 from pnn_fast.sampling import sample_unknown, unknown_from_uniform
 
@@ -93,17 +93,19 @@ def opcheck_cases(device: str) -> list:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_unknown_items_rejects_bad_draws_and_users(device):
-    """Checked before the kernel runs, on CUDA too (where a device-side assert would leave the
-    context unusable: tests/test_ids_checked_before_launch.py runs an op after such errors)."""
+    """Deferred input errors: recorded on the device with no read-back (on CUDA a read-back is a
+    synchronisation, and a device-side assert would leave the context unusable:
+    tests/test_ids_checked_before_launch.py runs an op after such errors), read by check_kernel_inputs."""
     full = KnownPositives.from_pairs(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 0]), 2, 2).to(device)  # user 0 knows all
     zero = torch.tensor([0], device=device)
-    with pytest.raises(RuntimeError, match="every user must have an unknown item"):
+    message = r"^pnn_fast::unknown_items: uniform must lie in \[0, 1\) and every user must have an unknown item$"
+    with deferred_error(message, device):
         ops.unknown_items(full, zero, torch.tensor([[0.5]], device=device))
     known = small_known(device)
     for bad in (1.0, -0.25, float("nan")):
-        with pytest.raises(RuntimeError, match=r"uniform must lie in \[0, 1\)"):
+        with deferred_error(message, device):
             ops.unknown_items(known, zero, torch.tensor([[bad]], device=device))
-    with pytest.raises(RuntimeError, match=r"users has ids outside \[0, 5\)"):
+    with deferred_error(r"^pnn_fast::unknown_items: users has ids outside \[0, 5\)$", device):
         ops.unknown_items(known, torch.tensor([5], device=device), torch.tensor([[0.0]], device=device))
     with pytest.raises(RuntimeError, match="uniform must be Float"):
         ops.unknown_items(known, zero, torch.tensor([[0.0]], dtype=torch.float64, device=device))
