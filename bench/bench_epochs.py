@@ -1,6 +1,6 @@
 """Issues 4 and 11 (Table 5): one training epoch of every objective, MF, side by side in one run.
 
-The per-epoch seconds of the ML-1M comparison table (docs/results.md): the same trainer,
+The per-epoch seconds of the ML-1M comparison table (studies/results-log.md): the same trainer,
 data, split and model for every loss, so the column compares the methods' costs and nothing
 else.  What is timed is ``Trainer.train_epoch()``: sampling, forward, backward and the Adam
 step of every batch, plus the objective's per-epoch work (SRNS's candidate scoring, SimpleX's
@@ -40,7 +40,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 DEVICE = os.environ.get("BENCH_DEVICE", "cpu")
 
 # name -> (objective, its arguments): every registered objective with its defaults, the PNN
-# variant of docs/results.md (8 sampled candidates, no uniformity term), and issue 14's leaders
+# variant of studies/results-log.md (8 sampled candidates, no uniformity term), and issue 14's leaders
 # (docs/why-pnn.md): the dns-anchored preset, SL at temperature 0.2, and SL with PNN's classes
 CASES = {**{name: (name, {}) for name in sorted(OBJECTIVES)},
          "pnn-sampled8": ("pnn", {"in_batch": False, "candidates": 8, "beta": 0.0}),

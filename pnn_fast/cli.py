@@ -54,16 +54,27 @@ def _checked(kind, check, name: str, **bounds):
     return parse
 
 
-def _add_data_args(p: argparse.ArgumentParser) -> None:
+#: how --data is read: the defaults of train; a checkpoint records the values its run used (TrainConfig.data_args)
+DATA_ARG_DEFAULTS = {"format": "auto", "split": "auto", "split_seed": 2020, "rating_threshold": None, "kcore": 0}
+
+
+def _add_data_args(p: argparse.ArgumentParser, from_checkpoint: bool = False) -> None:
+    """The data flags; ``from_checkpoint`` (evaluate, recommend): each left unset takes the value the
+    checkpoint's run read its data with (DATA_ARG_DEFAULTS for a checkpoint that did not record it)."""
+    default = (lambda name: None) if from_checkpoint else DATA_ARG_DEFAULTS.get
+    note = "; default: the checkpoint's" if from_checkpoint else ""
     g = p.add_argument_group("data")
     g.add_argument("--data", default=None, help="folder or file (LightGCN text, RecBole .inter, MovieLens "
                    "ratings.dat/.csv, user,item CSV); default: the built-in synthetic data set")
-    g.add_argument("--format", default="auto", choices=["auto", "lightgcn", "inter", "movielens", "csv"])
-    g.add_argument("--split", default="auto", choices=["auto", "files", "rs"],
-                   help="files' own split, or RecBole's per-user random 8:1:1 ('rs', the paper's protocol)")
-    g.add_argument("--split-seed", type=int, default=2020, help="seed of the 'rs' split")
-    g.add_argument("--rating-threshold", type=float, default=None, help="keep ratings >= this")
-    g.add_argument("--kcore", type=int, default=0, help="drop users/items with fewer interactions (iterated)")
+    g.add_argument("--format", default=default("format"), choices=["auto", "lightgcn", "inter", "movielens", "csv"],
+                   help=note.lstrip("; ") or None)
+    g.add_argument("--split", default=default("split"), choices=["auto", "files", "rs"],
+                   help="files' own split, or RecBole's per-user random 8:1:1 ('rs', the paper's protocol)" + note)
+    g.add_argument("--split-seed", type=int, default=default("split_seed"), help="seed of the 'rs' split" + note)
+    g.add_argument("--rating-threshold", type=float, default=default("rating_threshold"),
+                   help="keep ratings >= this" + note)
+    g.add_argument("--kcore", type=int, default=default("kcore"),
+                   help="drop users/items with fewer interactions (iterated)" + note)
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
@@ -142,13 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev = sub.add_parser("evaluate", help="score a checkpoint's model on the test split",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _add_data_args(ev)
+    _add_data_args(ev, from_checkpoint=True)
     ev.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by train")
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--split-name", default="test", choices=["valid", "test"])
     rec = sub.add_parser("recommend", help="each user's top K items from a checkpoint, as CSV in the data's ids; "
                          "optionally the embeddings for serving", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _add_data_args(rec)
+    _add_data_args(rec, from_checkpoint=True)
     rec.add_argument("--checkpoint", required=True, help="a checkpoint.pt written by train")
     rec.add_argument("--out", required=True, help="CSV of user,rank,item,score")
     rec.add_argument("--k", type=_checked(int, check_int, "--k", minimum=1), default=20, help="items per user")
@@ -256,7 +267,8 @@ def _config(args, loss: str):
         model=args.model, loss=loss, dim=args.dim, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
         reg_weight=args.reg_weight, seed=args.seed, device=args.device, patience=args.patience,
         eval_every=args.eval_every, valid_metric=args.valid_metric, sparse=args.sparse, loss_args=_loss_args(args),
-        model_args=_parse_pairs("--model-arg", args.model_arg))
+        model_args=_parse_pairs("--model-arg", args.model_arg),
+        data_args={name: getattr(args, name) for name in DATA_ARG_DEFAULTS} if args.data is not None else {})
 
 
 def _train(args) -> None:
@@ -309,6 +321,9 @@ def _trained_model(args):
     """(data, trainer holding the checkpoint's best model) for ``evaluate`` and ``recommend``."""
     state = read_checkpoint(args.checkpoint, args.device)
     config = load_config(state["config"], device=args.device)
+    for name, default in DATA_ARG_DEFAULTS.items():  # read the data as the run did, unless told otherwise
+        if getattr(args, name) is None:
+            setattr(args, name, config.data_args.get(name, default))
     data = _load_data(args)
     # the checkpoint's tables declare the id spaces; other data would fail deep in load_state_dict
     trained = tuple(state["model"][f"{side}_embedding.weight"].shape[0] for side in ("user", "item"))

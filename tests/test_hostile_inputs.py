@@ -66,6 +66,15 @@ CASES = [
      lambda d: T + ["--data", _bytes(d / "bad.inter", b"user_id:token\titem_id:token\n1\t2\nab\xc3\t3\n")],
      "bad.inter:3: is not UTF-8 text (byte 0xc3 at column 3)"),
     ("recommend k 0", ["recommend", "--checkpoint", "x.pt", "--out", "r.csv", "--k", "0"], "--k must be an int >= 1, got 0"),
+    ("an .inter id declared float",
+     lambda d: T + ["--data", _bytes(d / "f.inter", b"user_id:float\titem_id:token\n1\t2\n")],
+     "f.inter:1: header declares user_id as float; it is read as token, so declare 'user_id:token'"),
+    ("an .inter id declared a sequence",
+     lambda d: T + ["--data", _bytes(d / "s.inter", b"user_id:token\titem_id:token_seq\n1\t2 3\n")],
+     "s.inter:1: header declares item_id as token_seq; it is read as token, so declare 'item_id:token'"),
+    ("an .inter type RecBole does not have",
+     lambda d: T + ["--data", _bytes(d / "t.inter", b"user_id:token\titem_id:token\trating:int\n1\t2\t5\n")],
+     "t.inter:1: header field 'rating:int' has type 'int'; RecBole's types are token, token_seq, float, float_seq"),
 ] + ([("device cuda without a GPU", T + ["--device", "cuda"], "device 'cuda': no usable GPU here")]
      if not torch.cuda.is_available() else [])
 

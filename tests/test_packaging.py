@@ -2,8 +2,10 @@
 ``train`` extra it needs is missing."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -55,3 +57,18 @@ def test_the_command_without_the_train_extra_says_how_to_install_it(entry):
     assert run.returncode == 1, run.stderr
     assert run.stderr.strip() == ('pnn-fast: the trainer needs the train extra (tqdm is not installed): '
                                   'pip install "pnn_fast[train]"')
+
+
+def test_the_sdist_holds_every_kernel_source_and_no_build_output(tmp_path):
+    """An sdist builds the kernels on the machine that installs it: it must carry every file under
+    csrc/ (the headers and the CUDA sources too, which setup.py's source list does not name), and
+    none of this checkout's build outputs or data."""
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp_path)], cwd=ROOT, check=True,
+                   capture_output=True, text=True, timeout=300, env={**os.environ, "USE_CUDA": "0"})
+    (archive,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = {Path(*Path(name).parts[1:]).as_posix() for name in tar.getnames()}
+    kernel_sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "csrc").rglob("*") if path.is_file()}
+    assert kernel_sources <= names, sorted(kernel_sources - names)
+    assert {"setup.py", "pyproject.toml", "README.md", "pnn_fast/losses.py"} <= names
+    assert not [n for n in names if n.endswith((".so", ".o", ".pt")) or n.startswith(("build/", "bench/.data"))]

@@ -1,4 +1,4 @@
-"""The README's PyTorch Geometric example runs as written: LightGCN trained with PNNLoss beats most-popular;
+"""The guide's PyTorch Geometric example (docs/guide.md) runs as written: LightGCN trained with PNNLoss beats most-popular;
 that it also nearly reaches BPR is a known shortfall, marked."""
 import re
 from pathlib import Path
@@ -13,16 +13,16 @@ from pnn_fast.eval import evaluate
 from pnn_fast.train import TrainConfig, run
 from test_train import BelowBPR, assert_reaches_bpr, popularity_ndcg
 
-pytest.importorskip("torch_geometric", reason="the README example trains torch_geometric's LightGCN "
+pytest.importorskip("torch_geometric", reason="the guide's example trains torch_geometric's LightGCN "
                                               "(install the test extras: pip install -e '.[test]')")
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
 SECTION_TITLE = "## With PyTorch Geometric's LightGCN"
 
 
 def readme_example() -> str:
-    """The first python code block of the README section titled SECTION_TITLE."""
-    section = README.read_text().split(SECTION_TITLE + "\n", 1)[1].split("\n## ", 1)[0]
+    """The first python code block of the guide's section titled SECTION_TITLE."""
+    section = GUIDE.read_text().split(SECTION_TITLE + "\n", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
 
 
@@ -40,7 +40,7 @@ def test_readme_lightgcn_example_trains_beats_most_popular_and_nearly_bpr(tmp_pa
     hook = torch.nn.modules.module.register_module_forward_hook(record_pnn_loss)
     try:
         namespace = {"data": data}
-        exec(compile(readme_example(), str(README), "exec"), namespace)
+        exec(compile(readme_example(), str(GUIDE), "exec"), namespace)
     finally:
         hook.remove()
 

@@ -589,6 +589,28 @@ def test_resume_evaluate_and_recommend_refuse_other_data_or_another_split(tmp_pa
     assert err == f"pnn-fast: warning: --checkpoint {checkpoint} predates data fingerprints: its data and split are not checked"
 
 
+def test_evaluate_and_recommend_read_the_data_as_the_run_did(tmp_path, capsys):
+    """Issue 67, item 6: a checkpoint records how its data was read (split and seed among them), and
+    evaluate and recommend use that unless told otherwise: a run split with seed 7 is evaluated on
+    its own test split, not refused (or, before fingerprints, scored on another split)."""
+    g = torch.Generator().manual_seed(5)
+    pairs = sorted({(int(u), int(i)) for u, i in zip(torch.randint(0, 30, (500,), generator=g),
+                                                     torch.randint(0, 40, (500,), generator=g))})
+    data = tmp_path / "ratings.csv"
+    data.write_text("user,item\n" + "".join(f"{u},{i}\n" for u, i in pairs))
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--split", "rs", "--split-seed", "7", "--loss", "bpr", "--epochs", "1",
+                 "--dim", "8", "--out", str(out), "--no-progress"]) == 0
+    trained = json.loads((out / "results.json").read_text())
+    assert trained["config"]["data_args"]["split_seed"] == 7
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(data)]) == 0
+    assert json.loads(capsys.readouterr().out) == trained["test"]
+    # told otherwise, it reads another split, which the fingerprint refuses in one line
+    assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(data), "--split-seed", "8"]) == 2
+    assert "was trained on another split of this data" in capsys.readouterr().err
+
+
 def test_a_second_run_into_a_locked_folder_is_refused(tmp_path):
     """Issue 67, item 7: two runs writing one --out lost one run's results. The lock is held, then the
     second run starts: deterministic, with no race to win."""

@@ -101,6 +101,11 @@ def _lightgcn_token_errors(path: Path) -> Iterator[DataFormatError]:
                     )
 
 
+#: RecBole's atomic-file field types, and the type each column this reader uses must be declared
+_INTER_TYPES = ("token", "token_seq", "float", "float_seq")
+_INTER_COLUMN_TYPES = {"user_id": "token", "item_id": "token", "rating": "float", "timestamp": "float"}
+
+
 def read_atomic_inter(path: os.PathLike | str) -> RawInteractions:
     """Read a RecBole atomic ``.inter`` file.
 
@@ -108,7 +113,8 @@ def read_atomic_inter(path: os.PathLike | str) -> RawInteractions:
     ``user_id:token\\titem_id:token\\trating:float\\ttimestamp:float``.
     Columns are found by name (``user_id``, ``item_id`` required; ``rating`` and
     ``timestamp`` optional; others ignored) and every row must have as many
-    fields as the header.
+    fields as the header. Types are RecBole's (token, token_seq, float, float_seq); the ids must be
+    declared ``token`` and rating and timestamp ``float``, the types this reader reads them as.
     """
     path = Path(path)
     rows, linenos = _read_rows(path, "\t")
@@ -116,9 +122,16 @@ def read_atomic_inter(path: os.PathLike | str) -> RawInteractions:
         raise DataFormatError(path, 1, "missing header (expected e.g. 'user_id:token<TAB>item_id:token')")
     position: dict[str, int] = {}
     for k, field in enumerate(rows[0]):
-        name, colon, _ = field.strip().partition(":")
+        name, colon, kind = field.strip().partition(":")
         if not colon:
             raise DataFormatError(path, 1, f"header field {field!r} is not of the form name:type")
+        if kind not in _INTER_TYPES:
+            raise DataFormatError(path, 1, f"header field {field!r} has type {kind!r}; RecBole's types are "
+                                           f"{', '.join(_INTER_TYPES)}")
+        wanted = _INTER_COLUMN_TYPES.get(name)
+        if wanted is not None and kind != wanted and name not in position:
+            raise DataFormatError(path, 1, f"header declares {name} as {kind}; it is read as {wanted}, so declare "
+                                           f"'{name}:{wanted}'")
         position.setdefault(name, k)
     for required in ("user_id", "item_id"):
         if required not in position:

@@ -41,17 +41,19 @@ import torch
 
 from ..backends.rows import gather_rows
 from ..known import KnownPositives
-from ..losses import DNSLoss, PNNLoss
+from ..losses import DNSLoss, PNNLoss, loss_defaults
 from ..sampling import sample_unknown
 
 __all__ = ["DNSLightGCN", "DNSMF", "PNNLightGCN", "PNNMF", "known_positives", "run_recbole"]
 
 # Config keys the models read, with their defaults. RecBole loads a model's defaults only from
 # properties/model/<name>.yaml inside its own package, so the models fill in missing keys here.
-PNN_DEFAULTS = {"pnn_alpha": 0.8, "pnn_beta": 0.6, "pnn_noise_max": 0.1, "pnn_neg_size": "proportional",
-                "pnn_history_len": 50, "pnn_lambda_mode": "attention", "pnn_fixed_lambda": 0.5,
-                "pnn_use_rank": True, "pnn_candidates": None, "pnn_hard_candidates": None,
-                "loss_backend": "auto"}
+#: config key -> PNNLoss's argument: the keys' defaults are the loss's own (loss_defaults)
+PNN_KEYS = {"pnn_alpha": "alpha", "pnn_beta": "beta", "pnn_noise_max": "noise_max", "pnn_neg_size": "neg_size",
+            "pnn_history_len": "history_len", "pnn_lambda_mode": "lambda_mode", "pnn_fixed_lambda": "fixed_lambda",
+            "pnn_use_rank": "use_rank", "pnn_candidates": "num_candidates",
+            "pnn_hard_candidates": "num_hard_candidates", "loss_backend": "backend"}
+PNN_DEFAULTS = {key: loss_defaults(PNNLoss)[argument] for key, argument in PNN_KEYS.items()}
 DNS_DEFAULTS = {"dns_candidates": 8, "loss_backend": "auto"}
 MF_DEFAULTS = {"embedding_size": 64}  # RecBole's BPR.yaml
 LIGHTGCN_DEFAULTS = {"embedding_size": 64, "n_layers": 2, "reg_weight": 1e-05, "require_pow": False}  # LightGCN.yaml

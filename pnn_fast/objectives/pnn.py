@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from ..losses import PNNLoss
+from ..losses import PNNLoss, loss_defaults
 from .base import BatchLoss, Objective, register
+
+PNN_LOSS_DEFAULTS = loss_defaults(PNNLoss)
 
 
 @register("pnn")
@@ -22,12 +24,13 @@ class PNNObjective(Objective):
     ``preset``: a name of :data:`pnn_fast.losses.PRESETS`, which then sets every other argument
     but ``backend``."""
 
-    DEFAULTS = {"in_batch": True, "candidates": 8, "alpha": 0.8, "beta": 0.6, "neg_size": "proportional",
-                "history_len": 50, "lambda_mode": "attention", "fixed_lambda": 0.5, "use_rank": True,
-                "rank_weight": 1.0, "hard_negative": "candidates", "hard_candidates": 8,
-                "noise_max": 0.1, "uniform_t": 2.0, "uniform_over": "items", "lambda_range": None,
-                "lambda_temperature": 1.0,
-                "candidates_across_ranks": False, "backend": "auto", "preset": None}
+    # the loss's own arguments keep PNNLoss's defaults; the rest say how the trainer feeds it
+    DEFAULTS = {"in_batch": True, "candidates": 8, "hard_negative": "candidates", "hard_candidates": 8,
+                **{name: PNN_LOSS_DEFAULTS[name] for name in (
+                    "alpha", "beta", "neg_size", "history_len", "lambda_mode", "fixed_lambda", "use_rank",
+                    "rank_weight", "noise_max", "uniform_t", "uniform_over", "lambda_range", "lambda_temperature",
+                    "candidates_across_ranks", "backend")},
+                "preset": None}
     SPARSE = True
 
     def __init__(self, known, model, *, sparse=False, **args):

@@ -1,7 +1,7 @@
 """PNN as the authors' released code computes it (RecBole model ``PNN``, recbole/model/general_recommender/pnn.py
 of github.com/Asa9aoTK/PNN-RecBole), which differs from the paper's equations in every row of the
 difference table in docs/semantics.md.  For reproducing their numbers and for testing the reading
-that their method reduces to DNS (docs/reproduction.md); the paper's PNN is the ``pnn`` objective.
+that their method reduces to DNS (studies/reproduction.md); the paper's PNN is the ``pnn`` objective.
 
 Per batch of B (user, positive) pairs with K uniform unknown candidates per row (their
 ``sample_num`` 8), scores s = <u, e>:

@@ -4,7 +4,7 @@
     own BPR / LightGCN holding the same weights, with the known items built here from the training
     interactions and the same random draws.
 (b) ``run_recbole`` trains each model on ml-100k with RecBole's Trainer and evaluator, and beats
-    RecBole's Pop model, run the same way, on test NDCG@20 (PNNMF through the README's example, as
+    RecBole's Pop model, run the same way, on test NDCG@20 (PNNMF through the guide's example, as
     written); our ``run_recbole`` gives exactly the results of RecBole's own for a model RecBole knows
     by name.
 """
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = default_data_dir()
 EPOCHS, BATCH = 3, 1024  # of each model in (b); Pop needs one epoch. PNN needs the 3rd epoch to pass Pop
 LEARNING_RATE = 1e-2      # RecBole's default 1e-3 needs far more epochs
-README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "guide.md"
 
 
 def base_config(workdir: Path, **overrides) -> dict:
@@ -239,16 +239,16 @@ def test_ml100k_is_the_shared_copy(ml100k, tmp_path):
 
 
 def readme_example() -> str:
-    """The python code block of the README's section "With RecBole"."""
-    section = README.read_text().split("## With RecBole\n", 1)[1].split("\n## ", 1)[0]
+    """The python code block of the guide's section "With RecBole"."""
+    section = GUIDE.read_text().split("## With RecBole\n", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
 
 
 def test_readme_example_runs_as_written_and_beats_most_popular(pop_ndcg, tmp_path, capsys):
-    """PNNMF's end-to-end run: the README's example, as written (RecBole's defaults otherwise)."""
+    """PNNMF's end-to-end run: the guide's example, as written (RecBole's defaults otherwise)."""
     namespace = {}
     with train_losses() as losses, contextlib.chdir(tmp_path):
-        exec(compile(readme_example(), "README.md", "exec"), namespace)
+        exec(compile(readme_example(), "docs/guide.md", "exec"), namespace)
     assert namespace["PNNMF"] is PNNMF
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
     ndcg = namespace["result"]["test_result"]["ndcg@20"]
