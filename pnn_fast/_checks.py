@@ -203,12 +203,13 @@ class BatchIds(NamedTuple):
 
 def validate_batch(known: KnownPositives, dim: int, user_emb, item_table, users, pos_items, neg_items, noise,
                    validate: Union[str, bool] = "eager", hard_candidates=None, whole_table: bool = True,
-                   op: str = "PNNLoss") -> BatchIds:
+                   op: str = "PNNLoss", shared_pool: bool = False) -> BatchIds:
     """Shapes, dtypes and devices of one loss call, then its values by ``validate`` (one of
     :data:`VALIDATE_MODES`): ``"eager"`` checks id ranges and finiteness with one host read (the
     whole ``item_table`` unless ``whole_table`` is False: the caller then checks the rows it reads);
     ``"deferred"`` clamps the ids into range on the device, recording errors named after ``op``.
-    ``neg_items`` and ``hard_candidates``: int [B, K] or None. Returns the ids to use."""
+    ``neg_items`` and ``hard_candidates``: int [B, K] or None (``neg_items`` also [M], one pool shared
+    by the rows, with ``shared_pool``). Returns the ids to use."""
     check_embedding("user_emb", user_emb, rows=None, dim=dim)
     batch = user_emb.shape[0]
     if batch == 0:
@@ -224,8 +225,10 @@ def validate_batch(known: KnownPositives, dim: int, user_emb, item_table, users,
         if candidates is None:
             continue
         require_tensor(name, candidates)
-        if candidates.dim() != 2 or candidates.shape[0] != batch or candidates.shape[1] == 0:
-            raise ValueError(f"{name} must have shape [B={batch}, K>=1], got {list(candidates.shape)}")
+        pool = shared_pool and name == "neg_items" and candidates.dim() == 1 and candidates.numel() > 0
+        if not pool and (candidates.dim() != 2 or candidates.shape[0] != batch or candidates.shape[1] == 0):
+            shapes = f"[B={batch}, K>=1]" + (" or [M>=1] (a shared pool)" if shared_pool and name == "neg_items" else "")
+            raise ValueError(f"{name} must have shape {shapes}, got {list(candidates.shape)}")
         check_id_tensor(name, candidates, None)
         ids.append((name, candidates, known.num_items))
         same_device.append((name, candidates))

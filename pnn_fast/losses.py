@@ -428,6 +428,33 @@ class DNSLoss(_ChecksInputs, nn.Module):
         return bpr.sum() / valid.sum().clamp_min(1)
 
 
+def shared_pool_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
+                             pool: torch.Tensor, known_in_pool: torch.Tensor, temperature: float,
+                             backend: str = "auto") -> torch.Tensor:
+    """The mean SL of the rows against one pool of negatives shared by the batch, from cosine scores:
+    ``-log( exp s(u, p) / (exp s(u, p) + sum_{j in pool, not known to u} exp s(u, j)) )``.
+
+    One product scores the pool, [B, d] x [d, M], and only the B + M rows the step reads are
+    normalised, never the whole table.
+
+    Args:
+        user_rows: float [B, d]; item_table: float [I, d] (not normalised); pos_items: int [B];
+        pool: int [M], the shared draws; known_in_pool: bool [B, M], whether draw j is a known item
+            of row b's user (masked out of the row's denominator); temperature: tau > 0;
+        backend: whose ``unit_rows`` normalises.
+    Returns:
+        0-dim tensor of ``user_rows``' dtype.
+    """
+    impl = backends.select(backend, user_rows.device)
+    user_unit = impl.unit_rows(user_rows)
+    pos_unit = impl.unit_rows(item_table.index_select(0, pos_items))
+    pool_unit = impl.unit_rows(item_table.index_select(0, pool))
+    pos_logit = (user_unit * pos_unit).sum(dim=-1) / temperature  # [B]
+    pool_logits = (user_unit @ pool_unit.T / temperature).masked_fill(known_in_pool, float("-inf"))  # [B, M]
+    log_denominator = torch.logaddexp(pos_logit, torch.logsumexp(pool_logits, dim=1))
+    return (log_denominator - pos_logit).mean()
+
+
 def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
                          neg_items: torch.Tensor, temperature: float, backend: str = "auto",
                          neutral_weight: float = 1.0, num_negative=None, neutral_top: int = 0) -> torch.Tensor:
@@ -486,17 +513,23 @@ class SampledSoftmaxLoss(_ChecksInputs, nn.Module):
             or an int below K); only with ``neutral_weight`` below 1 and ``neutral_top`` 0.
         neutral_top: m in [0, K); above 0 the neutral class is instead each row's m highest-scored
             draws (needs ``neutral_weight`` below 1).
+        shared_negatives: a call without ``neg_items`` draws one pool of ``num_negatives`` items,
+            uniformly with replacement from the whole catalog, shared by the batch's rows
+            (:func:`shared_pool_softmax_loss`: one matrix product, each row's known items masked
+            out), in place of each row's own draws from its unknown items. Not with PNN's classes.
         backend, validate, sparse: as :class:`PNNLoss`.
 
     forward(user_emb [B, d], item_table [I, d], users int [B], pos_items int [B], neg_items=None,
     generator=None) -> 0-dim tensor of user_emb's dtype, the mean over rows.  ``neg_items`` int [B, K]:
-    the draws, unknown items of their rows (PNN's class sizes count them all as unlabeled); None draws
-    ``num_negatives`` with :func:`pnn_fast.sample_unknown` from ``generator`` (the global one when None).
+    the draws, unknown items of their rows (PNN's class sizes count them all as unlabeled); or int [M],
+    one pool shared by every row (its known items masked per row); None draws them
+    (:meth:`sample_negatives`) from ``generator`` (the global one when None).
     """
 
     def __init__(self, known: KnownPositives, *, num_negatives: int = 800, temperature: float = 0.1,
                  neutral_weight: float = 1.0, neg_size: Union[str, int, None] = None, neutral_top: int = 0,
-                 backend: str = "auto", validate: Union[str, bool] = "deferred", sparse: bool = False):
+                 shared_negatives: bool = False, backend: str = "auto", validate: Union[str, bool] = "deferred",
+                 sparse: bool = False):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
@@ -518,6 +551,12 @@ class SampledSoftmaxLoss(_ChecksInputs, nn.Module):
             raise ValueError(f"neg_size={neg_size!r} sizes PNN's negative class, which needs a neutral_weight "
                              f"below 1 and neutral_top 0; got neutral_weight={neutral_weight!r}, neutral_top={neutral_top!r}")
         self.neg_size = "proportional" if neg_size is None else neg_size
+        if not isinstance(shared_negatives, bool):
+            raise TypeError(f"shared_negatives must be True or False, got {shared_negatives!r}")
+        if shared_negatives and self.neutral_weight != 1:
+            raise ValueError("shared_negatives draws one pool for the batch; PNN's classes (neutral_weight below 1) "
+                             "are sized per row from each row's own draws")
+        self.shared_negatives = shared_negatives
         self.backend = backends.check_name(backend)
         self.validate = check_validate(validate)
         self.sparse = bool(sparse)
@@ -525,11 +564,15 @@ class SampledSoftmaxLoss(_ChecksInputs, nn.Module):
     def extra_repr(self) -> str:
         return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
                 f"neutral_weight={self.neutral_weight}, neg_size={self.neg_size!r}, neutral_top={self.neutral_top}, "
-                f"backend={self.backend!r}, sparse={self.sparse}")
+                f"shared_negatives={self.shared_negatives}, backend={self.backend!r}, sparse={self.sparse}")
 
     def sample_negatives(self, users: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
+        """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items; with
+        ``shared_negatives``, int64 [num_negatives]: one pool drawn uniformly from the whole catalog."""
         self.known = self.known.to(users.device)  # no copy when already there
+        if self.shared_negatives:
+            return torch.randint(0, self.known.num_items, (self.num_negatives,), generator=generator,
+                                 device=users.device)
         return sample_unknown(self.known, users, self.num_negatives, generator, backend=self.backend)
 
     def negative_class_sizes(self, users: torch.Tensor, num_draws: Optional[int] = None) -> torch.Tensor:
@@ -545,10 +588,20 @@ class SampledSoftmaxLoss(_ChecksInputs, nn.Module):
         dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
         users, pos_items, neg_items, _ = validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items,
                                                         None, self.validate, whole_table=not self.sparse,
-                                                        op="SampledSoftmaxLoss")
+                                                        op="SampledSoftmaxLoss", shared_pool=True)
         self.known = self.known.to(user_emb.device)  # no copy when already there
         if neg_items is None:
             neg_items = self.sample_negatives(users, generator)
+        if neg_items.dim() == 1:
+            if self.neutral_weight != 1:
+                raise ValueError("neg_items [M] is a shared pool; PNN's classes (neutral_weight below 1) need each "
+                                 "row's own draws [B, K]")
+            known_in_pool = self.known.contains(users[:, None], neg_items[None, :])
+            if self.sparse:
+                item_table, (pos_items, neg_items), _ = _compact(item_table, [pos_items, neg_items],
+                                                                 self.validate == "eager")
+            return shared_pool_softmax_loss(user_emb, item_table, pos_items, neg_items, known_in_pool,
+                                            self.temperature, self.backend)
         if self.neutral_top >= neg_items.shape[1]:  # one draw a row stays outside the neutral class
             raise ValueError(f"neutral_top={self.neutral_top} needs more draws a row than neg_items' "
                              f"{neg_items.shape[1]}")

@@ -50,6 +50,7 @@ class SLObjective(Objective):
         "neutral_weight": 1.0,  # 1: plain SL; below 1: PNN's neutral class down-weighted (ours, not published)
         "neg_size": "proportional",  # PNN's negative class size rule, when neutral_weight < 1
         "neutral_top": 0,  # above 0: the neutral class is each row's neutral_top highest draws (ours)
+        "shared_negatives": False,  # True: one pool of num_negatives uniform items a batch (issue 69)
         "backend": "auto",
     }
     SPARSE = True
@@ -61,7 +62,8 @@ class SLObjective(Objective):
         given = {"neg_size": a["neg_size"]} if "neg_size" in args else {}
         self.loss_fn = SampledSoftmaxLoss(known, num_negatives=a["num_negatives"], temperature=a["temperature"],
                                           neutral_weight=a["neutral_weight"], neutral_top=a["neutral_top"],
-                                          backend=a["backend"], validate=False, sparse=self.sparse, **given)
+                                          shared_negatives=a["shared_negatives"], backend=a["backend"],
+                                          validate=False, sparse=self.sparse, **given)
 
     def sample_negatives(self, users: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
