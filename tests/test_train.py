@@ -127,7 +127,7 @@ def short_bpr_run(ml100k, tmp_path_factory):
     ("bpr", {}),
     pytest.param("pnn", {}, id="pnn-paper", marks=pytest.mark.xfail(
         raises=BelowBPR, strict=True, reason="the paper's PNN (in-batch candidates, learned lambda) reaches 0.70 x "
-        "BPR here (NDCG@20 0.175 against 0.249), as in docs/why-pnn.md's screening (-19% against BPR)")),
+        "BPR here (NDCG@20 0.175 against 0.249), as in studies/why-pnn-log.md's screening (-19% against BPR)")),
     pytest.param("pnn", {"preset": "dns-anchored"}, id="pnn-dns-anchored"),
 ])
 def test_short_run_on_ml100k_beats_most_popular_and_nearly_bpr(tmp_path, ml100k, short_bpr_run, loss, loss_args):
