@@ -194,8 +194,10 @@ struct RowsContainInputs {
   at::Tensor indptr, indices, rows, columns;
 };
 
-// Shapes, dtypes and devices; rows within the CSR; indptr a partition of indices.  Not checked (an
-// O(nnz) pass per call): that each row's indices ascend, the op's precondition.  Synchronises on CUDA.
+// Shapes, dtypes and devices, then the values as deferred input errors, with no read-back (SL's
+// shared pool asks it every step): rows clamped into the CSR, and a broken partition of indices by
+// indptr recorded, the kernels clamping each row's span into the indices (clamped_row_span).  Not
+// checked (an O(nnz) pass per call): that each row's indices ascend, the op's precondition.
 inline RowsContainInputs prepare_rows_contain(const char* op, const at::Tensor& indptr, const at::Tensor& indices,
                                               const at::Tensor& rows, const at::Tensor& columns) {
   TORCH_CHECK(columns.dim() == 2 && columns.scalar_type() == at::kLong, op,
@@ -203,9 +205,13 @@ inline RowsContainInputs prepare_rows_contain(const char* op, const at::Tensor& 
   check_tensor(op, columns, rows, "rows", at::kLong, {columns.size(0)}, "columns");
   check_tensor(op, columns, indptr, "indptr", at::kLong, {-1}, "columns");
   check_tensor(op, columns, indices, "indices", at::kLong, {-1}, "columns");
+  TORCH_CHECK_VALUE(indptr.numel() >= 1, op, ": indptr is empty (it needs num_rows + 1 entries)");
   RowsContainInputs in{indptr.contiguous(), indices.contiguous(), rows.contiguous(), columns.contiguous()};
-  check_partition(op, in.indptr, in.indices, "indptr", "indices");
-  check_ids_below(op, in.rows, in.indptr.numel() - 1, "rows");
+  const at::Tensor broken = in.indptr[0].ne(0)
+                                .logical_or_(in.indptr[-1].ne(in.indices.numel()))
+                                .logical_or_((in.indptr.slice(0, 1) < in.indptr.slice(0, 0, -1)).any());
+  record_input_error(op, "indptr must rise from 0 to the length of indices", broken);
+  in.rows = ids_in_range(op, in.rows, in.indptr.numel() - 1, "rows");
   return in;
 }
 

@@ -156,6 +156,15 @@ PNN_HD inline bool sorted_contains(const int64_t* sorted, int64_t n, int64_t x) 
   return *sorted == x;
 }
 
+// Row `row`'s span [first, first + count) of a CSR's indices (nnz of them), clamped into [0, nnz]:
+// a broken indptr (a deferred input error, which the op records) never reads outside the indices.
+PNN_HD inline void clamped_row_span(const int64_t* indptr, int64_t row, int64_t nnz, int64_t& first, int64_t& count) {
+  const int64_t low = indptr[row] < 0 ? 0 : (indptr[row] > nnz ? nnz : indptr[row]);
+  const int64_t high = indptr[row + 1] < low ? low : (indptr[row + 1] > nnz ? nnz : indptr[row + 1]);
+  first = low;
+  count = high - low;
+}
+
 // The rank-th (0-based) item id that is NOT in sorted[0:n] (a user's known items): uniform
 // sampling of unknown items draws rank in [0, num_items - n) and maps it here.  The answer is
 // rank + m, m = #{i : sorted[i] - i <= rank}; sorted[i] - i (the unknown ids below sorted[i]) is

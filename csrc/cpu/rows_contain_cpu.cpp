@@ -25,9 +25,11 @@ at::Tensor rows_contain_cpu(const at::Tensor& indptr, const at::Tensor& indices,
   const int64_t* row = in.rows.data_ptr<int64_t>();
   const int64_t* column = in.columns.data_ptr<int64_t>();
   bool* out = found.data_ptr<bool>();
+  const int64_t nnz = in.indices.numel();
   at::parallel_for(0, num_rows, std::max<int64_t>(1, 2048 / std::max<int64_t>(per_row, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t first = ptr[row[b]], count = ptr[row[b] + 1] - first;
+      int64_t first = 0, count = 0;
+      clamped_row_span(ptr, row[b], nnz, first, count);
       for (int64_t k = b * per_row; k < (b + 1) * per_row; ++k) out[k] = sorted_contains(sorted + first, count, column[k]);
     }
   });
