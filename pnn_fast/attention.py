@@ -10,7 +10,7 @@ from torch import nn
 from . import backends
 from ._checks import check_int, check_real
 from .backends.rows import gather_rows
-from .compact import compact_items
+from .compact import compact_items, sorted_runs
 from .known import KnownPositives
 from .sampling import sample_history
 
@@ -30,9 +30,7 @@ def user_runs(users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows of one user share one ``row_of``. A per-user draw made for every position of
         ``sorted_users`` and read through ``row_of`` is one draw per distinct user.
     """
-    sorted_users, order = users.sort(stable=True)
-    run_starts = torch.ones_like(sorted_users, dtype=torch.bool)
-    run_starts[1:] = sorted_users[1:] != sorted_users[:-1]
+    sorted_users, order, run_starts = sorted_runs(users)
     positions = torch.arange(users.numel(), device=users.device)
     run_start = torch.cummax(torch.where(run_starts, positions, 0), dim=0).values
     return sorted_users, torch.empty_like(order).scatter_(0, order, run_start)

@@ -28,6 +28,27 @@ import torch.nn.functional as F
 from .known import KnownPositives, RowLookup
 
 
+class SortedRuns(NamedTuple):
+    """Ids flattened and sorted, each run of equal ids marked at its first entry, in fixed shapes
+    (``torch.unique`` would read its size on the host): ``values[first]`` is ``torch.unique(ids)``.
+
+    Attributes: values, order: [n] (the ids ascending, and their positions in ``ids.reshape(-1)``);
+    first: bool [n], whether values[i] starts its run.
+    """
+    values: torch.Tensor
+    order: torch.Tensor
+    first: torch.Tensor
+
+
+def sorted_runs(ids: torch.Tensor, stable: bool = True) -> SortedRuns:
+    """:class:`SortedRuns` of ``ids`` (any shape); ``stable`` keeps equal ids in position order, so that
+    ``order[first]`` is each id's first position."""
+    values, order = ids.reshape(-1).sort(stable=stable)
+    first = torch.ones_like(values, dtype=torch.bool)
+    first[1:] = values[1:] != values[:-1]
+    return SortedRuns(values, order, first)
+
+
 class CompactItems(NamedTuple):
     """The rows a step reads, and its ids renamed to them.
 
@@ -69,9 +90,7 @@ def compact_items(item_table: torch.Tensor, ids: Sequence[torch.Tensor], *, spar
     flat = torch.cat([t.reshape(-1) for t in ids]).long()
     # int32 keys sort in about 60% of the time of int64 ones (6.5M ids: 256 against 433 ms, 1 thread)
     keys = flat.int() if item_table.shape[0] < 2**31 else flat
-    sorted_keys, order = keys.sort()
-    first = torch.ones_like(sorted_keys, dtype=torch.bool)
-    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    sorted_keys, order, first = sorted_runs(keys, stable=False)
     slot = torch.cumsum(first, 0) - 1  # each sorted id's row of the compact table
     if size is not None:
         if known is not None or sparse:

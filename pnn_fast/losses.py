@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from . import backends
 from ._checks import (check_embedding, check_id_tensor, check_int, check_kernel_inputs, check_neg_size, check_real,
                       check_same, check_validate, check_values, ids_in_range, require_tensor, validate_batch)
 from .attention import UserAwareAttention
-from .compact import compact_items
+from .compact import compact_items, sorted_runs
 from .distributed import gather_ids
 from .backends.rows import NORM_EPS, negative_class_size
 from .known import KnownPositives, RowLookup
@@ -209,10 +209,10 @@ class PNNLoss(_ChecksInputs, nn.Module):
         if self.beta == 0 and not return_components:
             uniform = item_table.new_zeros(())
         else:
-            items = _sorted_with_firsts(candidates)
+            items = sorted_runs(candidates)
             uniform = self._uniformity(impl, table[items.values], items.first)
             if self.uniform_over == "users_and_items":
-                rows = _sorted_with_firsts(users)
+                rows = sorted_runs(users)
                 uniform = (uniform + self._uniformity(impl, user_emb[rows.order], rows.first)) / 2
 
         if self.attention is not None:
@@ -274,25 +274,6 @@ def _catalog_outweighs(item_table: torch.Tensor, ids, lookup_reads: float) -> bo
     the table-sized passes it saves (each op's own [I, d] gradient, and their sum; it leaves one,
     the ``index_select``'s) cost more than it does. On ML-1M it never gathers; at 2M items it does."""
     return item_table.shape[0] > sum(t.numel() for t in ids) + lookup_reads
-
-
-class SortedIds(NamedTuple):
-    """Ids sorted, with their first occurrences marked: ``values[first]`` is ``torch.unique(ids)``,
-    and ``order[first]`` the first position of each, in fixed shapes (no count read on the host).
-
-    Attributes: values, order: int64 [n] (the flattened ids ascending, and their positions, equal ids
-    by position); first: bool [n], whether values[i] is the first of its id.
-    """
-    values: torch.Tensor
-    order: torch.Tensor
-    first: torch.Tensor
-
-
-def _sorted_with_firsts(ids: torch.Tensor) -> SortedIds:
-    values, order = ids.reshape(-1).sort(stable=True)
-    first = torch.ones_like(values, dtype=torch.bool)
-    first[1:] = values[1:] != values[:-1]
-    return SortedIds(values, order, first)
 
 
 def _check_bpr_ids(ref_name: str, ref: torch.Tensor, item_table: torch.Tensor, batch: int, pos_items: torch.Tensor,

@@ -546,17 +546,21 @@ def test_a_run_without_validation_or_test_split_says_so_and_never_labels_a_loss_
     assert results["best_valid"] is None and results["test"] == {}
 
 
+def write_random_pairs(path, seed: int) -> None:
+    """A user,item CSV of 30 users and 40 items, about 500 distinct random pairs drawn from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = sorted({(int(u), int(i)) for u, i in zip(torch.randint(0, 30, (500,), generator=g),
+                                                     torch.randint(0, 40, (500,), generator=g))})
+    path.write_text("user,item\n" + "".join(f"{u},{i}\n" for u, i in pairs))
+
+
 def test_resume_evaluate_and_recommend_refuse_other_data_or_another_split(tmp_path, capsys):
     """Issue 67, items 4 to 6: a checkpoint remembers its data and split by fingerprint."""
     folder = tmp_path / "data"
     folder.mkdir()
-    gen = torch.Generator().manual_seed(3)
 
     def write(seed):
-        g = torch.Generator().manual_seed(seed)
-        pairs = sorted({(int(u), int(i)) for u, i in zip(torch.randint(0, 30, (500,), generator=g),
-                                                         torch.randint(0, 40, (500,), generator=g))})
-        (folder / "ratings.csv").write_text("user,item\n" + "".join(f"{u},{i}\n" for u, i in pairs))
+        write_random_pairs(folder / "ratings.csv", seed)
 
     write(1)
     out = tmp_path / "run"
@@ -593,11 +597,8 @@ def test_evaluate_and_recommend_read_the_data_as_the_run_did(tmp_path, capsys):
     """Issue 67, item 6: a checkpoint records how its data was read (split and seed among them), and
     evaluate and recommend use that unless told otherwise: a run split with seed 7 is evaluated on
     its own test split, not refused (or, before fingerprints, scored on another split)."""
-    g = torch.Generator().manual_seed(5)
-    pairs = sorted({(int(u), int(i)) for u, i in zip(torch.randint(0, 30, (500,), generator=g),
-                                                     torch.randint(0, 40, (500,), generator=g))})
     data = tmp_path / "ratings.csv"
-    data.write_text("user,item\n" + "".join(f"{u},{i}\n" for u, i in pairs))
+    write_random_pairs(data, 5)
     out = tmp_path / "run"
     assert main(["train", "--data", str(data), "--split", "rs", "--split-seed", "7", "--loss", "bpr", "--epochs", "1",
                  "--dim", "8", "--out", str(out), "--no-progress"]) == 0
