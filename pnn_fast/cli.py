@@ -100,7 +100,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--valid-metric", default=d.valid_metric, help="e.g. ndcg@20, recall@20, mrr@10")
     g.add_argument("--sparse", action="store_true",
                    help="large catalogs: sparse gradients of the rows a step reads and SparseAdam over the "
-                        "embedding tables (mf; losses bpr, dns, pnn, sl)")
+                        "embedding tables (mf; losses bpr, bsl, dns, pnn, psl, sl, slatk)")
     g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a model hyper-parameter by RecBole's name, e.g. n_layers=3 (repeatable)")
     g.add_argument("--loss-arg", action="append", default=[], metavar="KEY=VALUE",

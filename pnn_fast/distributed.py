@@ -55,15 +55,21 @@ def require_same_on_every_rank(name: str, value: int, device: torch.device) -> N
 def gather_ids(ids: torch.Tensor) -> torch.Tensor:
     """Every rank's 1-D id tensor, concatenated in rank order (lengths may differ); ids only, so
     nothing to differentiate. ``ids`` itself outside a process group."""
+    return gather_values(ids.reshape(-1).long())
+
+
+def gather_values(values: torch.Tensor) -> torch.Tensor:
+    """Every rank's 1-D tensor (one dtype everywhere), concatenated in rank order (lengths may
+    differ); no gradient. ``values`` itself outside a process group."""
     rank, size = world()
     if size == 1:
-        return ids
-    ids = ids.reshape(-1).long()
-    lengths = [torch.zeros(1, dtype=torch.int64, device=ids.device) for _ in range(size)]
-    dist.all_gather(lengths, torch.tensor([ids.numel()], dtype=torch.int64, device=ids.device))
+        return values
+    values = values.reshape(-1)
+    lengths = [torch.zeros(1, dtype=torch.int64, device=values.device) for _ in range(size)]
+    dist.all_gather(lengths, torch.tensor([values.numel()], dtype=torch.int64, device=values.device))
     longest = max(int(n) for n in lengths)
-    padded = torch.full((longest,), -1, dtype=torch.int64, device=ids.device)
-    padded[:ids.numel()] = ids
+    padded = torch.zeros((longest,), dtype=values.dtype, device=values.device)
+    padded[:values.numel()] = values
     pieces = [torch.empty_like(padded) for _ in range(size)]
     dist.all_gather(pieces, padded)
     return torch.cat([piece[:int(n)] for piece, n in zip(pieces, lengths)])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -409,6 +409,67 @@ class DNSLoss(_ChecksInputs, nn.Module):
         return bpr.sum() / valid.sum().clamp_min(1)
 
 
+class CosineScores(NamedTuple):
+    """The cosines a sampled loss is computed from (:func:`cosine_scores`).
+
+    positive: float [B], cos(u_b, p_b); negative: float [B, K] (each row's own draws) or [B, M] (one
+    pool shared by the rows); excluded: None for each row's own draws, or bool [B, M] for a pool:
+    draw j is a known item of row b's user and drops out of that row's loss.
+    """
+
+    positive: torch.Tensor
+    negative: torch.Tensor
+    excluded: Optional[torch.Tensor] = None
+
+
+def cosine_scores(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
+                  neg_items: torch.Tensor, known_in_pool: Optional[torch.Tensor] = None,
+                  backend: str = "auto") -> CosineScores:
+    """The cosines of each row's user with its positive and its negatives.
+
+    Args:
+        user_rows: float [B, d]; item_table: float [I, d], same dtype and device (neither normalised).
+        pos_items: int [B]. neg_items: int [B, K], each row's own draws, scored by ``gathered_dots``
+            against the unit table (nothing of size [B, K, d] is built); or int [M], one pool shared
+            by the batch, scored as one product [B, d] x [d, M] of the B + M unit rows it reads.
+        known_in_pool: bool [B, M], with a pool only: which draws are known items of the row's user.
+        backend: whose ``unit_rows`` and ``gathered_dots`` compute.
+    """
+    impl = backends.select(backend, user_rows.device)
+    user_unit = impl.unit_rows(user_rows)
+    if neg_items.dim() == 1:
+        pos_unit = impl.unit_rows(item_table.index_select(0, pos_items))
+        pool_unit = impl.unit_rows(item_table.index_select(0, neg_items))
+        return CosineScores((user_unit * pos_unit).sum(dim=-1), user_unit @ pool_unit.T, known_in_pool)
+    # normalising the whole [I, d] table once costs far less than normalising B x K gathered rows
+    # (with sparse=True the table is already the batch's rows)
+    item_unit = impl.unit_rows(item_table)
+    positive = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1)
+    return CosineScores(positive, impl.gathered_dots(user_unit, item_unit, neg_items))
+
+
+def masked_logsumexp(logits: torch.Tensor, excluded: Optional[torch.Tensor]) -> torch.Tensor:
+    """float [B]: log sum_j exp(logits[b, j]) over the entries not ``excluded`` (bool [B, M] or None);
+    -inf for a row with none, with a zero gradient there (never NaN)."""
+    if excluded is None:
+        return torch.logsumexp(logits, dim=1)
+    # a row with nothing left sums over zeros instead, then is set to -inf: the gradient stays finite
+    empty = excluded.all(dim=1, keepdim=True)
+    lse = torch.logsumexp(logits.masked_fill(excluded & ~empty, float("-inf")).masked_fill(empty, 0.0), dim=1)
+    return lse.masked_fill(empty.squeeze(1), float("-inf"))
+
+
+def softmax_row_losses(scores: CosineScores, temperature: float) -> torch.Tensor:
+    """float [B]: SL's term of each row, ``-log( exp s_p / (exp s_p + sum_j exp s_j) )`` with
+    s = cos / temperature: the positive sits in its own denominator."""
+    return _softmax_terms(scores.positive / temperature, scores.negative / temperature, scores.excluded)
+
+
+def _softmax_terms(pos_logit: torch.Tensor, neg_logits: torch.Tensor, excluded: Optional[torch.Tensor]) -> torch.Tensor:
+    # log of the denominator without forming [B, K + 1]: the positive joins the negatives' logsumexp
+    return torch.logaddexp(pos_logit, masked_logsumexp(neg_logits, excluded)) - pos_logit
+
+
 def shared_pool_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
                              pool: torch.Tensor, known_in_pool: torch.Tensor, temperature: float,
                              backend: str = "auto") -> torch.Tensor:
@@ -426,14 +487,8 @@ def shared_pool_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, 
     Returns:
         0-dim tensor of ``user_rows``' dtype.
     """
-    impl = backends.select(backend, user_rows.device)
-    user_unit = impl.unit_rows(user_rows)
-    pos_unit = impl.unit_rows(item_table.index_select(0, pos_items))
-    pool_unit = impl.unit_rows(item_table.index_select(0, pool))
-    pos_logit = (user_unit * pos_unit).sum(dim=-1) / temperature  # [B]
-    pool_logits = (user_unit @ pool_unit.T / temperature).masked_fill(known_in_pool, float("-inf"))  # [B, M]
-    log_denominator = torch.logaddexp(pos_logit, torch.logsumexp(pool_logits, dim=1))
-    return (log_denominator - pos_logit).mean()
+    scores = cosine_scores(user_rows, item_table, pos_items, pool, known_in_pool, backend)
+    return softmax_row_losses(scores, temperature).mean()
 
 
 def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
@@ -459,25 +514,95 @@ def sampled_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_
     Returns:
         0-dim tensor of ``user_rows``' dtype, differentiable w.r.t. both embeddings.
     """
-    impl = backends.select(backend, user_rows.device)
-    user_unit = impl.unit_rows(user_rows)
-    # normalising the whole [I, d] table once costs far less than normalising B x K gathered rows
-    item_unit = impl.unit_rows(item_table)
-    pos_logit = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1) / temperature  # [B]
-    neg_logits = impl.gathered_dots(user_unit, item_unit, neg_items) / temperature  # [B, K]
-    if neutral_weight != 1.0:
-        if neutral_top:  # the neutral_top highest of a row (equal scores: the first by position)
-            sizes = torch.full((neg_logits.shape[0],), neutral_top, dtype=torch.int64, device=neg_logits.device)
-            neutral = impl.lowest_k_mask(-neg_logits.detach(), sizes)
-        else:  # the num_negative lowest of a row (equal scores: the first by position) are the negative class
-            neutral = ~impl.lowest_k_mask(neg_logits.detach(), num_negative)
-        neg_logits = neg_logits + neutral.to(neg_logits.dtype) * math.log(neutral_weight)
-    # log of the denominator without forming [B, K + 1]: the positive joins the negatives' logsumexp
-    log_denominator = torch.logaddexp(pos_logit, torch.logsumexp(neg_logits, dim=1))
-    return (log_denominator - pos_logit).mean()
+    scores = cosine_scores(user_rows, item_table, pos_items, neg_items, backend=backend)
+    return _neutral_weighted(scores, backends.select(backend, user_rows.device), temperature, neutral_weight,
+                             num_negative, neutral_top).mean()
 
 
-class SampledSoftmaxLoss(_ChecksInputs, nn.Module):
+def _neutral_weighted(scores: CosineScores, impl, temperature: float, neutral_weight: float, num_negative,
+                      neutral_top: int) -> torch.Tensor:
+    """float [B]: SL's row terms, with PNN's neutral class down-weighted (:func:`sampled_softmax_loss`)."""
+    if neutral_weight == 1.0:
+        return softmax_row_losses(scores, temperature)
+    neg_logits = scores.negative / temperature
+    if neutral_top:  # the neutral_top highest of a row (equal scores: the first by position)
+        sizes = torch.full((neg_logits.shape[0],), neutral_top, dtype=torch.int64, device=neg_logits.device)
+        neutral = impl.lowest_k_mask(-neg_logits.detach(), sizes)
+    else:  # the num_negative lowest of a row (equal scores: the first by position) are the negative class
+        neutral = ~impl.lowest_k_mask(neg_logits.detach(), num_negative)
+    # a weight w in the denominator is log w added to the logit
+    neg_logits = neg_logits + neutral.to(neg_logits.dtype) * math.log(neutral_weight)
+    return _softmax_terms(scores.positive / temperature, neg_logits, None)
+
+
+class SampledCosineLoss(_ChecksInputs, nn.Module):
+    """What the sampled losses over cosines share (SL and its successors, :mod:`pnn_fast.softmax_losses`):
+    the checks, the draws (each row's own ``num_negatives`` uniform unknown items, or one pool of
+    ``num_negatives`` catalog items shared by the batch), the sparse gather and the cosines. A
+    subclass writes :meth:`row_losses`, the loss of each row from its :class:`CosineScores`.
+
+    forward(user_emb [B, d], item_table [I, d], users int [B], pos_items int [B], neg_items=None,
+    generator=None) -> 0-dim tensor of user_emb's dtype, the mean of :meth:`row_losses`.  ``neg_items``
+    int [B, K]: the draws, unknown items of their rows; or int [M], one pool shared by every row (its
+    known items masked per row); None draws them (:meth:`sample_negatives`) from ``generator``.
+    """
+
+    def __init__(self, known: KnownPositives, num_negatives: int, shared_negatives: bool, backend: str,
+                 validate: Union[str, bool], sparse: bool):
+        super().__init__()
+        if not isinstance(known, KnownPositives):
+            raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
+        self.known = known
+        self.num_negatives = check_int("num_negatives", num_negatives, 1)
+        if not isinstance(shared_negatives, bool):
+            raise TypeError(f"shared_negatives must be True or False, got {shared_negatives!r}")
+        self.shared_negatives = shared_negatives
+        self.backend = backends.check_name(backend)
+        self.validate = check_validate(validate)
+        self.sparse = bool(sparse)
+
+    def sample_negatives(self, users: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items; with
+        ``shared_negatives``, int64 [num_negatives]: one pool drawn uniformly from the whole catalog."""
+        self.known = self.known.to(users.device)  # no copy when already there
+        if self.shared_negatives:
+            return torch.randint(0, self.known.num_items, (self.num_negatives,), generator=generator,
+                                 device=users.device)
+        return sample_unknown(self.known, users, self.num_negatives, generator, backend=self.backend)
+
+    def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
+        """float [B]: each row's loss from its cosines."""
+        raise NotImplementedError
+
+    def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
+                pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None,
+                generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        require_tensor("user_emb", user_emb)
+        dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
+        op = type(self).__name__
+        users, pos_items, neg_items, _ = validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items,
+                                                        None, self.validate, whole_table=not self.sparse,
+                                                        op=op, shared_pool=True)
+        self.known = self.known.to(user_emb.device)  # no copy when already there
+        if neg_items is None:
+            neg_items = self.sample_negatives(users, generator)
+        self.check_draws(neg_items)
+        known_in_pool = None
+        if neg_items.dim() == 1:
+            # each row's binary search in its user's known items (a global search of B x M keys was
+            # three quarters of the step at B = 8192)
+            impl = backends.select(self.backend, user_emb.device)
+            known_in_pool = impl.rows_contain(self.known, users, neg_items.expand(users.numel(), -1))
+        if self.sparse:
+            item_table, (pos_items, neg_items), _ = _compact(item_table, [pos_items, neg_items], self.validate == "eager")
+        scores = cosine_scores(user_emb, item_table, pos_items, neg_items, known_in_pool, self.backend)
+        return self.row_losses(users, scores).mean()
+
+    def check_draws(self, neg_items: torch.Tensor) -> None:
+        """Refuse draws this loss cannot use (a subclass's rule); the base takes any."""
+
+
+class SampledSoftmaxLoss(SampledCosineLoss):
     """Sampled softmax, SL (Wu et al., ACM TOIS 2024): each row's positive against ``num_negatives``
     items drawn uniformly, with replacement, from the user's unknown items, over cosine scores
     divided by ``temperature`` (semantics: :func:`sampled_softmax_loss`, docs/baselines/sl.md).
@@ -511,11 +636,7 @@ class SampledSoftmaxLoss(_ChecksInputs, nn.Module):
                  neutral_weight: float = 1.0, neg_size: Union[str, int, None] = None, neutral_top: int = 0,
                  shared_negatives: bool = False, backend: str = "auto", validate: Union[str, bool] = "deferred",
                  sparse: bool = False):
-        super().__init__()
-        if not isinstance(known, KnownPositives):
-            raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
-        self.known = known
-        self.num_negatives = check_int("num_negatives", num_negatives, 1)
+        super().__init__(known, num_negatives, shared_negatives, backend, validate, sparse)
         self.temperature = check_real("temperature", temperature, low_open=True)
         self.neutral_weight = check_real("neutral_weight", neutral_weight, high=1.0, low_open=True)
         # at least one draw of a row stays outside the neutral class, at full weight
@@ -532,29 +653,14 @@ class SampledSoftmaxLoss(_ChecksInputs, nn.Module):
             raise ValueError(f"neg_size={neg_size!r} sizes PNN's negative class, which needs a neutral_weight "
                              f"below 1 and neutral_top 0; got neutral_weight={neutral_weight!r}, neutral_top={neutral_top!r}")
         self.neg_size = "proportional" if neg_size is None else neg_size
-        if not isinstance(shared_negatives, bool):
-            raise TypeError(f"shared_negatives must be True or False, got {shared_negatives!r}")
         if shared_negatives and self.neutral_weight != 1:
             raise ValueError("shared_negatives draws one pool for the batch; PNN's classes (neutral_weight below 1) "
                              "are sized per row from each row's own draws")
-        self.shared_negatives = shared_negatives
-        self.backend = backends.check_name(backend)
-        self.validate = check_validate(validate)
-        self.sparse = bool(sparse)
 
     def extra_repr(self) -> str:
         return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
                 f"neutral_weight={self.neutral_weight}, neg_size={self.neg_size!r}, neutral_top={self.neutral_top}, "
                 f"shared_negatives={self.shared_negatives}, backend={self.backend!r}, sparse={self.sparse}")
-
-    def sample_negatives(self, users: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items; with
-        ``shared_negatives``, int64 [num_negatives]: one pool drawn uniformly from the whole catalog."""
-        self.known = self.known.to(users.device)  # no copy when already there
-        if self.shared_negatives:
-            return torch.randint(0, self.known.num_items, (self.num_negatives,), generator=generator,
-                                 device=users.device)
-        return sample_unknown(self.known, users, self.num_negatives, generator, backend=self.backend)
 
     def negative_class_sizes(self, users: torch.Tensor, num_draws: Optional[int] = None) -> torch.Tensor:
         """int64 [B]: k_b, each row's count of lowest-scored draws that keep weight 1 under PNN's rule
@@ -562,35 +668,16 @@ class SampledSoftmaxLoss(_ChecksInputs, nn.Module):
         unlabeled = torch.full_like(users, self.num_negatives if num_draws is None else num_draws, dtype=torch.int64)
         return negative_class_size(unlabeled, self.known.count(users), self.known.num_items, self.neg_size)
 
-    def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
-                pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None,
-                generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        require_tensor("user_emb", user_emb)
-        dim = user_emb.shape[-1] if user_emb.dim() == 2 else -1
-        users, pos_items, neg_items, _ = validate_batch(self.known, dim, user_emb, item_table, users, pos_items, neg_items,
-                                                        None, self.validate, whole_table=not self.sparse,
-                                                        op="SampledSoftmaxLoss", shared_pool=True)
-        self.known = self.known.to(user_emb.device)  # no copy when already there
-        if neg_items is None:
-            neg_items = self.sample_negatives(users, generator)
-        if neg_items.dim() == 1:
-            if self.neutral_weight != 1:
-                raise ValueError("neg_items [M] is a shared pool; PNN's classes (neutral_weight below 1) need each "
-                                 "row's own draws [B, K]")
-            # each row's binary search in its user's known items (a global search of B x M keys was
-            # three quarters of the step at B = 8192)
-            impl = backends.select(self.backend, user_emb.device)
-            known_in_pool = impl.rows_contain(self.known, users, neg_items.expand(users.numel(), -1))
-            if self.sparse:
-                item_table, (pos_items, neg_items), _ = _compact(item_table, [pos_items, neg_items],
-                                                                 self.validate == "eager")
-            return shared_pool_softmax_loss(user_emb, item_table, pos_items, neg_items, known_in_pool,
-                                            self.temperature, self.backend)
-        if self.neutral_top >= neg_items.shape[1]:  # one draw a row stays outside the neutral class
+    def check_draws(self, neg_items: torch.Tensor) -> None:
+        if neg_items.dim() == 1 and self.neutral_weight != 1:
+            raise ValueError("neg_items [M] is a shared pool; PNN's classes (neutral_weight below 1) need each "
+                             "row's own draws [B, K]")
+        if neg_items.dim() == 2 and self.neutral_top >= neg_items.shape[1]:  # one draw a row stays outside the neutral class
             raise ValueError(f"neutral_top={self.neutral_top} needs more draws a row than neg_items' "
                              f"{neg_items.shape[1]}")
-        num_negative = self.negative_class_sizes(users, neg_items.shape[1]) if self.pnn_classes else None
-        if self.sparse:
-            item_table, (pos_items, neg_items), _ = _compact(item_table, [pos_items, neg_items], self.validate == "eager")
-        return sampled_softmax_loss(user_emb, item_table, pos_items, neg_items, self.temperature, self.backend,
-                                    self.neutral_weight, num_negative, self.neutral_top)
+
+    def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
+        """float [B]: SL's term of each row (:func:`sampled_softmax_loss`)."""
+        num_negative = self.negative_class_sizes(users, scores.negative.shape[1]) if self.pnn_classes else None
+        return _neutral_weighted(scores, backends.select(self.backend, scores.positive.device), self.temperature,
+                                 self.neutral_weight, num_negative, self.neutral_top)

@@ -152,6 +152,10 @@ class RowSparseAdam:
         if self.others is not None:
             self.others.step()
 
+    def optimizers(self) -> list:
+        """The torch optimizers it steps."""
+        return [self.tables] + ([] if self.others is None else [self.others.optimizer])
+
     def state_dict(self) -> dict:
         return {"tables": self.tables.state_dict(),
                 "others": None if self.others is None else self.others.optimizer.state_dict()}
@@ -265,7 +269,8 @@ class Trainer:
             # so that a resumed run draws what an uninterrupted one would
             self.generator.manual_seed(self.config.seed + 1_000_003 * self.rank + 7_919 * self.epoch)
         self.model.on_epoch_start(self.generator)
-        self.objective.on_epoch_start(self.model, self.generator)
+        self.objective.on_epoch_start(self.model, self.generator, self.epoch)
+        self._apply_learning_rate()
         n = self.train_users.numel()
         # every rank must walk the same global batches: rank 0's shuffle is everyone's
         order = distributed.broadcast_from_first(torch.randperm(n, generator=self.generator, device=self.device))
@@ -293,6 +298,7 @@ class Trainer:
             self.adam.zero_grad()
             loss.backward()
             self.adam.step()
+            self.objective.after_step(self.model)
             total.add_(loss.detach(), alpha=hi - lo)
         # the epoch's only host sync: its loss, with the ops' deferred input errors (none with the
         # trainer's own ids, which are valid by construction: a bug if it ever fires)
@@ -305,6 +311,18 @@ class Trainer:
         if not math.isfinite(mean):
             raise self._diverged(int(first_bad), batches, [])
         return mean
+
+    def _apply_learning_rate(self) -> None:
+        """This epoch's learning rate, the run's times the objective's factor; where the factor changes,
+        Adam's moments start afresh (a function of the epoch, so a resumed run does the same)."""
+        factor = self.objective.learning_rate_factor(self.epoch)
+        restart = self.epoch > 0 and factor != self.objective.learning_rate_factor(self.epoch - 1)
+        optimizers = self.optimizer.optimizers() if isinstance(self.optimizer, RowSparseAdam) else [self.optimizer]
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = self.config.lr * factor
+            if restart:
+                optimizer.state.clear()
 
     # ---- evaluation ----------------------------------------------------------------
     def scoring_tables(self) -> tuple:

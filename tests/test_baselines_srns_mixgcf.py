@@ -134,12 +134,12 @@ def test_srns_objective_matches_loop():
     g = torch.Generator().manual_seed(4)
     snapshots = []
     for epoch in range(5):  # epoch 5 on: the ring holds the ends of epochs 2, 3, 4
-        obj.on_epoch_start(model, g)
+        obj.on_epoch_start(model, g, 0)
         snapshots.append([w.detach().clone() for w in model.embeddings()])
         with torch.no_grad():
             for w in model.parameters():
                 w.add_(torch.randn(w.shape, generator=g, dtype=w.dtype))
-    obj.on_epoch_start(model, g)
+    obj.on_epoch_start(model, g, 0)
     snapshots.append([w.detach().clone() for w in model.embeddings()])
     assert int(obj.history_filled) == 3 and obj._epoch == 5
     memory_before = obj.memory.clone()
@@ -170,7 +170,7 @@ def test_srns_history_epochs_and_memory_stay_valid():
     g = torch.Generator().manual_seed(0)
     filled = []
     for _ in range(4):
-        obj.on_epoch_start(model, g)
+        obj.on_epoch_start(model, g, 0)
         filled.append(int(obj.history_filled))
         for _ in range(3):
             out = obj(model, users, pos, g)
@@ -288,7 +288,7 @@ def test_gradients_finite_in_float32(loss, model):
     net = tiny_model(model, tu, ti).float()
     obj = build_objective(loss, known, net)
     g = torch.Generator().manual_seed(0)
-    obj.on_epoch_start(net, g)
+    obj.on_epoch_start(net, g, 0)
     out = obj(net, users, pos, g)
     out.loss.backward()
     assert torch.isfinite(out.loss)

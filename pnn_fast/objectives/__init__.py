@@ -1,6 +1,6 @@
 """Training objectives, one per file, registered by name: the classic losses (bpr, dns), the
-paper's pnn and the authors' code's pnn-authors, the sampled softmax sl, and the paper's competing methods (ans, mixgcf, simplex,
-srns, uib).
+paper's pnn and the authors' code's pnn-authors, the sampled softmax sl and its successors (bsl, psl,
+slatk), and the paper's competing methods (ans, mixgcf, simplex, srns, uib).
 
 Importing this package imports every objective module, and each registers itself in
 :data:`OBJECTIVES` with :func:`~pnn_fast.objectives.base.register`, so a new method is one new
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..known import KnownPositives
 from ..models import Recommender
-from . import ans, bpr, dns, mixgcf, pnn, pnn_authors, simplex, sl, srns, uib  # noqa: F401  (each registers itself)
+from . import ans, bpr, bsl, dns, mixgcf, pnn, pnn_authors, psl, simplex, sl, slatk, srns, uib  # noqa: F401  (each registers itself)
 from .base import OBJECTIVES, BatchLoss, Objective, embedding_l2, register
 
 

@@ -137,5 +137,15 @@ class Objective(nn.Module):
         divergence report; objectives whose loss is one term return []."""
         return []
 
-    def on_epoch_start(self, model: Recommender, generator: torch.Generator) -> None:
-        """Per-epoch work before the first batch (e.g. refreshing a negative memory)."""
+    def on_epoch_start(self, model: Recommender, generator: torch.Generator, epoch: int) -> None:
+        """Per-epoch work before the first batch of epoch ``epoch`` (0-based; e.g. refreshing a
+        negative memory, or a schedule's switch)."""
+
+    def learning_rate_factor(self, epoch: int) -> float:
+        """The run's learning rate is multiplied by this in epoch ``epoch`` (0-based); where it differs
+        from the previous epoch's, the trainer restarts Adam's moments, as a new optimizer would.
+        A function of the epoch alone, so that a resumed run follows the same schedule."""
+        return 1.0
+
+    def after_step(self, model: Recommender) -> None:
+        """Work after each optimiser step, with the updated model (e.g. SL@K's quantile refresh)."""

@@ -33,45 +33,29 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from ..losses import SampledSoftmaxLoss
+from ..losses import SampledSoftmaxLoss, loss_defaults
 from .base import BatchLoss, Objective, register
 
 
-@register("sl")
-class SLObjective(Objective):
-    """Sampled softmax over cosine scores with ``num_negatives`` uniform unknown items per row.
+class SampledCosineObjective(Objective):
+    """The trainer's wrapper of a :class:`~pnn_fast.losses.SampledCosineLoss` (SL and its successors):
+    its arguments are the module's own, ``DEFAULTS`` read from the module's signature (``LOSS``), so
+    each default is written once. Scores and ranks with cosines, as these losses train."""
 
-    Defaults: see the module docstring and docs/baselines/sl.md.
-    """
-
-    DEFAULTS: ClassVar[dict] = {
-        "num_negatives": 800,  # SL baseline runs, junkangwu/BSL README (MF: Yelp2018, Gowalla, ML-1M)
-        "temperature": 0.1,    # temp, wujcan/SSM-TensorFlow conf/SSM.properties
-        "neutral_weight": 1.0,  # 1: plain SL; below 1: PNN's neutral class down-weighted (ours, not published)
-        "neg_size": "proportional",  # PNN's negative class size rule, when neutral_weight < 1
-        "neutral_top": 0,  # above 0: the neutral class is each row's neutral_top highest draws (ours)
-        "shared_negatives": False,  # True: one pool of num_negatives uniform items a batch (issue 69)
-        "backend": "auto",
-    }
+    LOSS: ClassVar[type]
     SPARSE = True
 
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
-        a = self.args
-        # neg_size only when given: the module refuses it where PNN's classes are off
-        given = {"neg_size": a["neg_size"]} if "neg_size" in args else {}
-        self.loss_fn = SampledSoftmaxLoss(known, num_negatives=a["num_negatives"], temperature=a["temperature"],
-                                          neutral_weight=a["neutral_weight"], neutral_top=a["neutral_top"],
-                                          shared_negatives=a["shared_negatives"], backend=a["backend"],
-                                          validate=False, sparse=self.sparse, **given)
+        self.loss_fn = self.LOSS(known, **self.loss_args(args), validate=False, sparse=self.sparse)
+
+    def loss_args(self, given: dict) -> dict:
+        """The module's keyword arguments, from ``self.args`` (``given``: the ones set explicitly)."""
+        return dict(self.args)
 
     def sample_negatives(self, users: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items."""
+        """int64 [B, num_negatives] (or one pool [num_negatives] with shared_negatives): the module's draws."""
         return self.loss_fn.sample_negatives(users, generator)
-
-    def negative_class_sizes(self, users: torch.Tensor) -> torch.Tensor:
-        """int64 [B]: k_b, each row's count of lowest-scored draws that keep weight 1 under PNN's rule."""
-        return self.loss_fn.negative_class_sizes(users)
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):
         user_table, item_table = model.embeddings()
@@ -82,7 +66,32 @@ class SLObjective(Objective):
 
     @torch.no_grad()
     def scoring_tables(self, model) -> tuple[torch.Tensor, torch.Tensor]:
-        """(unit user rows [U, d], unit item rows [I, d]): their inner products are the cosines SL
-        was trained on (the BSL code's ``generate_mode cosine`` with ``u_norm``/``i_norm``)."""
+        """(unit user rows [U, d], unit item rows [I, d]): their inner products are the cosines these
+        losses train on (the BSL code's ``generate_mode cosine`` with ``u_norm``/``i_norm``)."""
         user_table, item_table = model.embeddings()
         return F.normalize(user_table, dim=-1), F.normalize(item_table, dim=-1)
+
+
+def module_defaults(loss_class: type) -> dict:
+    """``loss_class``'s defaults as an objective's ``DEFAULTS``: all but the trainer's own
+    (``validate``, ``sparse``)."""
+    return {k: v for k, v in loss_defaults(loss_class).items() if k not in ("validate", "sparse")}
+
+
+@register("sl")
+class SLObjective(SampledCosineObjective):
+    """Sampled softmax over cosine scores with ``num_negatives`` uniform unknown items per row.
+
+    Defaults (:class:`~pnn_fast.SampledSoftmaxLoss`'s): see the module docstring and docs/baselines/sl.md.
+    """
+
+    LOSS = SampledSoftmaxLoss
+    DEFAULTS: ClassVar[dict] = {**module_defaults(SampledSoftmaxLoss), "neg_size": "proportional"}
+
+    def loss_args(self, given):
+        # neg_size only when given: the module refuses it where PNN's classes are off
+        return {k: v for k, v in self.args.items() if k != "neg_size" or "neg_size" in given}
+
+    def negative_class_sizes(self, users: torch.Tensor) -> torch.Tensor:
+        """int64 [B]: k_b, each row's count of lowest-scored draws that keep weight 1 under PNN's rule."""
+        return self.loss_fn.negative_class_sizes(users)

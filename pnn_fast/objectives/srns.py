@@ -149,7 +149,7 @@ class SRNSObjective(Objective):
         self._ready = True
 
     @torch.no_grad()
-    def on_epoch_start(self, model, generator):
+    def on_epoch_start(self, model, generator, epoch):
         """Snapshot the tables (the previous epoch's end) into the history; redraw the memory.
 
         As the official code, the scores before training form the history of epoch 0 only:

@@ -1,0 +1,204 @@
+"""SL's published successors as drop-in modules: BSL, PSL and SL@K.
+
+Each is :class:`~pnn_fast.losses.SampledSoftmaxLoss`'s machinery (the same checks, draws, shared
+pool, sparse gather and cosines, :class:`~pnn_fast.losses.SampledCosineLoss`) with its own row
+loss. With s the cosine of the user with an item, p the row's positive and j its negatives:
+
+- BSL (Wu et al., ICDE 2024): ``-s_p / tau1 + (tau2 / tau1) log sum_j exp(s_j / tau2)``;
+- PSL (Yang et al., NeurIPS 2024): ``log sum_j exp( sigma((s_j - s_p) / tau) / tau_star )``, with
+  sigma a surrogate of the step function (``log(1 + tanh x)`` by default);
+- SL@K (Yang et al., KDD 2025): ``sigmoid((s_p - beta_u) / tau_w)`` times SL's row term, with
+  beta_u an estimate of the user's top-k score, refreshed every few epochs.
+
+Sources, defaults and departures: docs/baselines/bsl.md, psl.md and slatk.md.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+
+from . import backends
+from ._checks import check_int, check_real
+from .distributed import gather_values
+from .known import KnownPositives
+from .losses import CosineScores, SampledCosineLoss, masked_logsumexp, softmax_row_losses
+
+
+def _where_has_negative(scores: CosineScores, row: torch.Tensor) -> torch.Tensor:
+    """``row`` where the row has a negative left; 0 for a row whose pool draws are all its known items
+    (nothing to rank the positive against)."""
+    if scores.excluded is None:
+        return row
+    return torch.where(scores.excluded.all(dim=1), torch.zeros_like(row), row)
+
+
+class BilateralSoftmaxLoss(SampledCosineLoss):
+    """BSL, bilateral softmax (Wu et al., "BSL: Understanding and Improving Softmax Loss for
+    Recommendation", ICDE 2024): SL with a temperature of its own on the positive side. A row's loss
+    is ``-s_p / tau1 + (tau2 / tau1) * log sum_j exp(s_j / tau2)`` over cosines s, the form of the
+    paper's pseudo-code as Tiny-Snow/IR-Benchmark implements it (the negatives only in the sum; with
+    tau1 = tau2 it is SL without the positive in its denominator). docs/baselines/bsl.md.
+
+    Args:
+        known: each user's training items (:class:`KnownPositives`); the draws come from the others.
+        num_negatives: draws per row (the BSL repository's MF runs: 800).
+        positive_temperature: tau1 > 0, on the positive's score.
+        negative_temperature: tau2 > 0, inside the negatives' log-sum-exp.
+        shared_negatives, backend, validate, sparse: as :class:`~pnn_fast.SampledSoftmaxLoss`.
+
+    forward: as :class:`~pnn_fast.SampledSoftmaxLoss` (the mean of the rows' losses).
+    """
+
+    def __init__(self, known: KnownPositives, *, num_negatives: int = 800, positive_temperature: float = 0.1,
+                 negative_temperature: float = 0.1, shared_negatives: bool = False, backend: str = "auto",
+                 validate: Union[str, bool] = "deferred", sparse: bool = False):
+        super().__init__(known, num_negatives, shared_negatives, backend, validate, sparse)
+        self.positive_temperature = check_real("positive_temperature", positive_temperature, low_open=True)
+        self.negative_temperature = check_real("negative_temperature", negative_temperature, low_open=True)
+
+    def extra_repr(self) -> str:
+        return (f"num_negatives={self.num_negatives}, positive_temperature={self.positive_temperature}, "
+                f"negative_temperature={self.negative_temperature}, shared_negatives={self.shared_negatives}, "
+                f"backend={self.backend!r}, sparse={self.sparse}")
+
+    def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
+        tau1, tau2 = self.positive_temperature, self.negative_temperature
+        spread = masked_logsumexp(scores.negative / tau2, scores.excluded)
+        return _where_has_negative(scores, (tau2 / tau1) * spread - scores.positive / tau1)
+
+
+#: PSL's surrogates sigma of the step function, each written so that it and its gradient stay finite
+#: where the authors' form ``log(f(x))`` is (``log(1 + tanh x) = log 2 - softplus(-2x)`` exactly).
+PSL_ACTIVATIONS = {
+    "tanh": lambda x: math.log(2.0) - torch.nn.functional.softplus(-2.0 * x),
+    "atan": lambda x: torch.log1p(torch.atan(x)),
+    "relu": lambda x: torch.log(torch.relu(x + 1.0)),
+}
+
+
+class PairwiseSoftmaxLoss(SampledCosineLoss):
+    """PSL, pairwise softmax (Yang et al., "PSL: Rethinking and Improving Softmax Loss from Pairwise
+    Perspective for Recommendation", NeurIPS 2024): SL's exponential of each score gap replaced by a
+    surrogate activation. A row's loss is ``log sum_j exp( sigma(d_j) / tau_star )`` with
+    ``d_j = (s_j - s_p) / tau`` over cosines s (the softmax-like form, the authors' ``method 1``).
+    docs/baselines/psl.md.
+
+    Args:
+        known, num_negatives (Tiny-Snow/IR-Benchmark's 1000), shared_negatives, backend, validate,
+            sparse: as :class:`~pnn_fast.SampledSoftmaxLoss`.
+        temperature: tau, which scales the scores: the surrogates hold for gaps in [-1, 1], so the
+            authors take tau >= 2 (their default 2); "atan" and "relu" need it.
+        robust_temperature: tau_star > 0; near a gap of 0 every surrogate has slope 1, so PSL there
+            acts as SL at temperature ``tau * tau_star`` (0.05 with tau = 2: SL's 0.1).
+        activation: sigma: "tanh" (the authors' default, ``log(1 + tanh x)``), "atan"
+            (``log(1 + arctan x)``) or "relu" (``log(relu(x + 1))``).
+    """
+
+    def __init__(self, known: KnownPositives, *, num_negatives: int = 1000, temperature: float = 2.0,
+                 robust_temperature: float = 0.05, activation: str = "tanh", shared_negatives: bool = False,
+                 backend: str = "auto", validate: Union[str, bool] = "deferred", sparse: bool = False):
+        super().__init__(known, num_negatives, shared_negatives, backend, validate, sparse)
+        self.temperature = check_real("temperature", temperature, low_open=True)
+        self.robust_temperature = check_real("robust_temperature", robust_temperature, low_open=True)
+        if activation not in PSL_ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(PSL_ACTIVATIONS)}, got {activation!r}")
+        if activation != "tanh" and self.temperature < 2:
+            # below 2 a gap can fall under -1, where log(1 + arctan x) and log(relu(x + 1)) are undefined
+            raise ValueError(f"activation={activation!r} needs temperature >= 2 (gaps of cosines within [-1, 1]), "
+                             f"got {temperature!r}")
+        self.activation = activation
+
+    def extra_repr(self) -> str:
+        return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
+                f"robust_temperature={self.robust_temperature}, activation={self.activation!r}, "
+                f"shared_negatives={self.shared_negatives}, backend={self.backend!r}, sparse={self.sparse}")
+
+    def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
+        gaps = (scores.negative - scores.positive[:, None]) / self.temperature
+        surrogate = PSL_ACTIVATIONS[self.activation](gaps)
+        return _where_has_negative(scores, masked_logsumexp(surrogate / self.robust_temperature, scores.excluded))
+
+
+class SoftmaxLossAtK(SampledCosineLoss):
+    """SL@K (Yang et al., "Breaking the Top-K Barrier: Advancing Top-K Ranking Metrics Optimization in
+    Recommender Systems", KDD 2025): SL's row term weighted by how far the positive sits above the
+    user's top-k score. A row's loss is ``sigmoid((s_p - beta_u) / tau_w) * SL(u, p)`` over cosines
+    s, with SL's term at ``temperature`` (:func:`pnn_fast.losses.softmax_row_losses`) and the gradient
+    flowing through the weight too, as in the authors' code (Tiny-Snow/IR-Benchmark-SLatK).
+
+    beta_u, the buffer ``quantile`` [num_users] (0 at first, as the authors'), is set by
+    :meth:`refresh_quantile`: the k-th highest cosine of the user among its first
+    ``positive_cap`` known items and a call's draws. The authors refresh it after every step of
+    every ``quantile_every``-th epoch; :class:`pnn_fast.objectives.slatk.SLatKObjective` does that
+    in the trainer, with the optional SL warm-up. ``weighted`` False makes the loss plain SL (the
+    warm-up). docs/baselines/slatk.md.
+
+    Args:
+        known, num_negatives (the authors' 1000), shared_negatives, backend, validate, sparse: as
+            :class:`~pnn_fast.SampledSoftmaxLoss`.
+        k: the K of NDCG@K the loss aims at (the authors' 20); at most ``num_negatives``.
+        temperature: SL's tau (the authors take SL's best: 0.1 here, as SL's default).
+        weight_temperature: tau_w > 0 of the weight's sigmoid (the authors' default 1; they search 0.5 to 3).
+    """
+
+    def __init__(self, known: KnownPositives, *, k: int = 20, num_negatives: int = 1000, temperature: float = 0.1,
+                 weight_temperature: float = 1.0, shared_negatives: bool = False, backend: str = "auto",
+                 validate: Union[str, bool] = "deferred", sparse: bool = False):
+        super().__init__(known, num_negatives, shared_negatives, backend, validate, sparse)
+        self.k = check_int("k", k, 1)
+        if self.k > self.num_negatives:
+            raise ValueError(f"k must be at most num_negatives={self.num_negatives} (the quantile's draws), got {k!r}")
+        self.temperature = check_real("temperature", temperature, low_open=True)
+        self.weight_temperature = check_real("weight_temperature", weight_temperature, low_open=True)
+        self.weighted = True
+        counts = (known.indptr[1:] - known.indptr[:-1]).double()
+        # the authors score each user's first known items up to the 90th percentile of the counts
+        self.positive_cap = int(torch.quantile(counts, 0.9)) if counts.numel() else 0
+        self.register_buffer("quantile", torch.zeros(known.num_users))
+
+    def extra_repr(self) -> str:
+        return (f"k={self.k}, num_negatives={self.num_negatives}, temperature={self.temperature}, "
+                f"weight_temperature={self.weight_temperature}, positive_cap={self.positive_cap}, "
+                f"weighted={self.weighted}, shared_negatives={self.shared_negatives}, backend={self.backend!r}, "
+                f"sparse={self.sparse}")
+
+    def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
+        softmax = softmax_row_losses(scores, self.temperature)
+        if not self.weighted:
+            return softmax
+        beta = self.quantile.to(scores.positive.dtype).index_select(0, users)
+        return torch.sigmoid((scores.positive - beta) / self.weight_temperature) * softmax
+
+    @torch.no_grad()
+    def refresh_quantile(self, user_rows: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
+                         neg_items: torch.Tensor) -> None:
+        """Set ``quantile[u]`` of the rows' users to the k-th highest cosine of the user among its first
+        ``positive_cap`` known items (by id) and the row's draws (the authors' estimate by sorting).
+
+        Args:
+            user_rows: float [B, d]; item_table: float [I, d] (neither normalised); users: int [B];
+            neg_items: int [B, K] or a pool int [M] (its known items left out per row), the draws of
+                the step just taken. A user on several rows keeps the highest of their estimates.
+            Under torchrun every rank applies every rank's estimates, so the replicas stay equal.
+        """
+        impl = backends.select(self.backend, user_rows.device)
+        known = self.known.to(user_rows.device)
+        user_unit, item_unit = impl.unit_rows(user_rows), impl.unit_rows(item_table)
+        if neg_items.dim() == 1:
+            drawn = user_unit @ item_unit.index_select(0, neg_items).T
+            drawn = drawn.masked_fill(impl.rows_contain(known, users, neg_items.expand(users.numel(), -1)),
+                                      float("-inf"))
+        else:
+            drawn = impl.gathered_dots(user_unit, item_unit, neg_items)
+        parts = [drawn]
+        if self.positive_cap and known.indices.numel():
+            offsets = torch.arange(self.positive_cap, device=users.device)
+            starts = known.indptr.index_select(0, users)
+            position = (starts[:, None] + offsets).clamp_max(known.indices.numel() - 1)
+            own = impl.gathered_dots(user_unit, item_unit, known.indices[position])
+            parts.insert(0, own.masked_fill(offsets >= known.count(users)[:, None], float("-inf")))
+        kth = torch.cat(parts, dim=1).topk(self.k, dim=1).values[:, -1]
+        users, kth = gather_values(users), gather_values(kth.to(self.quantile.dtype))
+        self.quantile.scatter_reduce_(0, users, kth, reduce="amax", include_self=False)
