@@ -16,6 +16,7 @@ from host_reads import host_reads
 from pnn_fast import BPRLoss, CSR, DNSLoss, KnownPositives, PNNLoss, SampledSoftmaxLoss, embedding_bpr
 from pnn_fast.models import build_model
 from pnn_fast.objectives import build_objective
+from pnn_fast.softmax_losses import BilateralSoftmaxLoss, PairwiseSoftmaxLoss, SoftmaxLossAtK
 
 pytestmark = requires_kernels
 
@@ -45,6 +46,9 @@ def _steps(known, dim, sparse=False):
     sl = SampledSoftmaxLoss(known, num_negatives=16, backend="cpu", sparse=sparse)
     sl_classes = SampledSoftmaxLoss(known, num_negatives=16, neutral_weight=0.5, backend="cpu", sparse=sparse)
     bpr = BPRLoss(backend="cpu", sparse=sparse)
+    bsl = BilateralSoftmaxLoss(known, num_negatives=16, backend="cpu", sparse=sparse)
+    psl = PairwiseSoftmaxLoss(known, num_negatives=16, backend="cpu", sparse=sparse)
+    slatk = SoftmaxLossAtK(known, k=4, num_negatives=16, backend="cpu", sparse=sparse)
     return {
         "pnn-in-batch": lambda u, t, users, pos, neg: pnn(u, t, users, pos),
         "pnn-in-batch-users-and-items": lambda u, t, users, pos, neg: both(u, t, users, pos),
@@ -55,6 +59,9 @@ def _steps(known, dim, sparse=False):
         "sl-drawn": lambda u, t, users, pos, neg: sl(u, t, users, pos),
         "sl-pnn-classes": lambda u, t, users, pos, neg: sl_classes(u, t, users, pos, neg),
         "bpr": lambda u, t, users, pos, neg: bpr(u, t, pos, neg),
+        "bsl-drawn": lambda u, t, users, pos, neg: bsl(u, t, users, pos),
+        "psl-drawn": lambda u, t, users, pos, neg: psl(u, t, users, pos),
+        "slatk-drawn": lambda u, t, users, pos, neg: slatk(u, t, users, pos),
     }
 
 
@@ -103,7 +110,8 @@ def test_embedding_bpr_reads_nothing():
 
 @pytest.mark.parametrize("objective, args", [
     ("bpr", {}), ("dns", {}), ("sl", {"num_negatives": 16}), ("pnn", {}), ("pnn", {"preset": "dns-anchored"}),
-    ("pnn-authors", {}),
+    ("pnn-authors", {}), ("bsl", {"num_negatives": 16}), ("psl", {"num_negatives": 16}),
+    ("slatk", {"num_negatives": 16, "k": 4}),
 ])
 def test_trainer_objective_step_reads_nothing(objective, args):
     """The trainer's step of each loss (its objective), on an MF model."""
@@ -116,6 +124,23 @@ def test_trainer_objective_step_reads_nothing(objective, args):
     with host_reads() as guard:
         fn(model, users, pos, generator).loss.backward()
     assert not guard.reads, f"{objective}: {len(guard.reads)} host reads, the first {guard.reads[0]}"
+
+
+def test_slatk_quantile_refresh_reads_nothing():
+    """SL@K's periodic work, the quantile refresh after a step, stays on the device too."""
+    known, users, pos, *_ = _problem(150)
+    model = build_model("mf", NUM_USERS, 150, known.entries_of(torch.arange(NUM_USERS))[0],
+                        known.indices, dim=DIM)
+    fn = build_objective("slatk", known, model, num_negatives=16, k=4, quantile_every=1)
+    fn.on_epoch_start(model, None, 0)  # epoch 0 refreshes when quantile_every is 1
+    generator = torch.Generator().manual_seed(0)
+    fn(model, users, pos, generator)
+    fn.after_step(model)  # one-off set-up
+    with host_reads() as guard:
+        fn(model, users, pos, generator).loss.backward()
+        fn.after_step(model)
+    assert not guard.reads, f"{len(guard.reads)} host reads, the first {guard.reads[0]}"
+    assert fn.loss_fn.quantile[users].ne(0).all()
 
 
 READS = {

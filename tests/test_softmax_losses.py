@@ -1,0 +1,232 @@
+"""BSL, PSL and SL@K (issue 69, item 1) against loops written from their papers' equations, one row
+and one draw at a time: each row's own draws and one shared pool, the backends and ``sparse=True``
+alike; SL@K's quantile estimate against a sort of its own; and the trainer's schedule for SL@K (the
+SL warm-up, the learning-rate switch with Adam restarted, the periodic refresh) resumed exactly."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from batches import requires_kernels
+from conftest import data_path
+from pnn_fast import KnownPositives
+from pnn_fast.data import load_dataset
+from pnn_fast.softmax_losses import BilateralSoftmaxLoss, PairwiseSoftmaxLoss, SoftmaxLossAtK
+from pnn_fast.train import TrainConfig, Trainer, run
+
+BACKENDS = ["reference", pytest.param("cpu", marks=requires_kernels)]
+NUM_USERS, NUM_ITEMS, DIM, BATCH, DRAWS = 12, 60, 5, 16, 9
+
+
+def _problem(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    pair_users = torch.randint(0, NUM_USERS, (150,), generator=gen)
+    pair_items = (torch.rand(150, generator=gen) ** 2 * NUM_ITEMS).long()  # popular items: many pool hits
+    known = KnownPositives.from_pairs(pair_users, pair_items, NUM_USERS, NUM_ITEMS)
+    pick = torch.randint(0, 150, (BATCH,), generator=gen)
+    users, pos = pair_users[pick], pair_items[pick]
+    own = torch.randint(0, NUM_ITEMS, (BATCH, DRAWS), generator=gen)
+    pool = torch.randint(0, NUM_ITEMS, (25,), generator=gen)
+    user_rows = torch.randn(BATCH, DIM, dtype=torch.float64, generator=gen)
+    item_table = torch.randn(NUM_ITEMS, DIM, dtype=torch.float64, generator=gen)
+    return known, users, pos, own, pool, user_rows, item_table
+
+
+def _negatives(known, users, neg, b):
+    """Row b's negatives: its own draws, or the pool's draws not known to its user."""
+    if neg.dim() == 2:
+        return neg[b].tolist()
+    return [j for j in neg.tolist() if not bool(known.contains(users[b], torch.tensor(j)))]
+
+
+def _cos(user_rows, item_table, b, item):
+    return float(F.normalize(user_rows[b], dim=0) @ F.normalize(item_table[item], dim=0))
+
+
+def _bsl_row(s_p, s_neg, tau1, tau2):
+    # BSL (ICDE'24, the paper's pseudo-code): -log( exp(s_p / t1) / (sum_j exp(s_j / t2)) ** (t2 / t1) )
+    return -math.log(math.exp(s_p / tau1) / sum(math.exp(s / tau2) for s in s_neg) ** (tau2 / tau1))
+
+
+def _psl_row(s_p, s_neg, tau, tau_star, activation):
+    # PSL (NeurIPS'24, method 1): log sum_j exp( sigma(d_uij) / tau_star ), d_uij = (s_j - s_p) / tau
+    sigma = {"tanh": lambda x: math.log(math.tanh(x) + 1), "atan": lambda x: math.log(math.atan(x) + 1),
+             "relu": lambda x: math.log(max(x + 1, 0.0))}[activation]
+    return math.log(sum(math.exp(sigma((s - s_p) / tau) / tau_star) for s in s_neg))
+
+
+def _slatk_row(s_p, s_neg, tau, tau_w, beta):
+    # SL@K (KDD'25): sigmoid((s_p - beta_u) / tau_w) * -log( exp(s_p/tau) / (exp(s_p/tau) + sum_j exp(s_j/tau)) )
+    softmax = -math.log(math.exp(s_p / tau) / (math.exp(s_p / tau) + sum(math.exp(s / tau) for s in s_neg)))
+    return softmax / (1 + math.exp(-(s_p - beta) / tau_w))
+
+
+def _loop(row, known, users, pos, neg, user_rows, item_table):
+    total = 0.0
+    for b in range(users.numel()):
+        s_neg = [_cos(user_rows, item_table, b, j) for j in _negatives(known, users, neg, b)]
+        total += row(b, _cos(user_rows, item_table, b, int(pos[b])), s_neg) if s_neg else 0.0
+    return total / users.numel()
+
+
+def _cases(known):
+    beta = torch.linspace(-0.5, 0.6, NUM_USERS, dtype=torch.float64)
+    slatk = SoftmaxLossAtK(known, k=3, num_negatives=DRAWS, temperature=0.3, weight_temperature=0.7)
+    slatk.quantile = beta.float()
+    return {
+        "bsl": (BilateralSoftmaxLoss(known, num_negatives=DRAWS, positive_temperature=0.2, negative_temperature=0.35),
+                lambda b, s_p, s_neg: _bsl_row(s_p, s_neg, 0.2, 0.35)),
+        "psl-tanh": (PairwiseSoftmaxLoss(known, num_negatives=DRAWS, temperature=2.0, robust_temperature=0.1),
+                     lambda b, s_p, s_neg: _psl_row(s_p, s_neg, 2.0, 0.1, "tanh")),
+        "psl-tanh-below-2": (PairwiseSoftmaxLoss(known, num_negatives=DRAWS, temperature=0.5, robust_temperature=0.2),
+                             lambda b, s_p, s_neg: _psl_row(s_p, s_neg, 0.5, 0.2, "tanh")),
+        "psl-atan": (PairwiseSoftmaxLoss(known, num_negatives=DRAWS, robust_temperature=0.1, activation="atan"),
+                     lambda b, s_p, s_neg: _psl_row(s_p, s_neg, 2.0, 0.1, "atan")),
+        "psl-relu": (PairwiseSoftmaxLoss(known, num_negatives=DRAWS, temperature=2.5, robust_temperature=0.1,
+                                         activation="relu"),
+                     lambda b, s_p, s_neg: _psl_row(s_p, s_neg, 2.5, 0.1, "relu")),
+        "slatk": (slatk, None),  # its row needs the user's beta: below
+    }
+
+
+CASES = list(_cases(_problem()[0]))
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["own-draws", "shared-pool"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", CASES)
+def test_loss_matches_the_loop(name, backend, pool):
+    known, users, pos, own, shared, user_rows, item_table = _problem()
+    neg = shared if pool else own
+    loss_fn, row = _cases(known)[name]
+    loss_fn.backend = backend
+    if name == "slatk":
+        beta = loss_fn.quantile.double()
+        row = lambda b, s_p, s_neg: _slatk_row(s_p, s_neg, 0.3, 0.7, float(beta[users[b]]))  # noqa: E731
+    want = _loop(row, known, users, pos, neg, user_rows, item_table)
+    got = loss_fn(user_rows, item_table, users, pos, neg)
+    assert got.item() == pytest.approx(want, rel=1e-10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", CASES)
+def test_sparse_gives_the_dense_loss_and_gradients(name, backend):
+    known, users, pos, own, pool, user_rows, item_table = _problem(1)
+    loss_fn = _cases(known)[name][0]
+    loss_fn.backend = backend
+    results = []
+    for sparse in (False, True):
+        loss_fn.sparse = sparse
+        rows, table = user_rows.clone().requires_grad_(), item_table.clone().requires_grad_()
+        loss = loss_fn(rows, table, users, pos, own)
+        loss.backward()
+        assert table.grad.is_sparse == sparse
+        results.append((loss.detach(), rows.grad, table.grad.to_dense() if sparse else table.grad))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+@requires_kernels
+@pytest.mark.parametrize("name", CASES)
+def test_backends_agree_on_gradients(name):
+    """The fused kernels (cpu) and the reference give one gradient, float32 on continuous inputs."""
+    known, users, pos, own, pool, user_rows, item_table = _problem(2)
+    grads = []
+    for backend in ("reference", "cpu"):
+        loss_fn = _cases(known)[name][0]
+        loss_fn.backend = backend
+        rows, table = user_rows.float().requires_grad_(), item_table.float().requires_grad_()
+        loss_fn(rows, table, users, pos, own).backward()
+        grads.append((rows.grad, table.grad))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_with_no_negative_left_adds_zero_and_a_finite_gradient():
+    """A pool whose every draw is a known item of the row's user: the row has nothing to rank against."""
+    known = KnownPositives.from_pairs(torch.tensor([0, 0, 1]), torch.tensor([1, 2, 3]), 2, 6)
+    rows = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    table = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    users, pos, pool = torch.tensor([0, 1]), torch.tensor([1, 3]), torch.tensor([1, 2, 2])
+    for loss_fn in (BilateralSoftmaxLoss(known), PairwiseSoftmaxLoss(known), SoftmaxLossAtK(known, k=3)):
+        loss = loss_fn(rows, table, users, pos, pool)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(rows.grad).all() and torch.isfinite(table.grad).all()
+        alone = loss_fn(rows[1:], table, users[1:], pos[1:], pool)  # row 1 has negatives: 2 of them
+        assert loss.item() == pytest.approx(alone.item() / 2, rel=1e-12)
+        rows.grad = table.grad = None
+
+
+def test_slatk_quantile_is_the_kth_highest_of_known_items_and_draws():
+    known, users, pos, own, pool, user_rows, item_table = _problem(3)
+    loss_fn = SoftmaxLossAtK(known, k=4, num_negatives=DRAWS)
+    counts = [known.count(torch.tensor([u])).item() for u in range(NUM_USERS)]
+    assert loss_fn.positive_cap == int(torch.quantile(torch.tensor(counts, dtype=torch.float64), 0.9))
+    loss_fn.refresh_quantile(user_rows, item_table, users, own)
+    want = {}
+    for b, u in enumerate(users.tolist()):
+        first_known = known.entries_of(torch.tensor([u]))[1][:loss_fn.positive_cap].tolist()
+        scores = sorted((_cos(user_rows, item_table, b, i) for i in first_known + own[b].tolist()), reverse=True)
+        want[u] = max(want.get(u, -math.inf), scores[3])  # a user on several rows keeps the highest
+    for u in range(NUM_USERS):
+        assert loss_fn.quantile[u].item() == pytest.approx(want.get(u, 0.0), abs=1e-6), u
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda k: PairwiseSoftmaxLoss(k, activation="gelu"), "activation must be one of"),
+    (lambda k: PairwiseSoftmaxLoss(k, temperature=1.0, activation="atan"), "needs temperature >= 2"),
+    (lambda k: SoftmaxLossAtK(k, k=30, num_negatives=20), "k must be at most num_negatives=20"),
+    (lambda k: BilateralSoftmaxLoss(k, positive_temperature=0.0), "positive_temperature must be a finite number > 0"),
+    (lambda k: SoftmaxLossAtK(k, weight_temperature=float("nan")), "weight_temperature must be a finite number"),
+])
+def test_bad_arguments_are_one_line_errors(make, message):
+    with pytest.raises(ValueError, match=message) as err:
+        make(_problem()[0])
+    assert "\n" not in str(err.value)
+
+
+# ---- SL@K's schedule in the trainer ---------------------------------------------------------------
+
+def _slatk_config(**loss_args):
+    args = {"num_negatives": 20, "k": 5, "warmup_epochs": 2, "quantile_every": 2, "switch_lr_factor": 0.1,
+            **loss_args}
+    return TrainConfig(loss="slatk", loss_args=args, epochs=4, batch_size=256, eval_every=1, patience=10,
+                       seed=3, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def ml100k():
+    return load_dataset(data_path("ml-100k"), split="rs", seed=2020)
+
+
+def test_slatk_schedule_switches_lr_restarts_adam_and_refreshes_on_its_epochs(ml100k, tmp_path):
+    trainer = Trainer(ml100k, _slatk_config(), tmp_path)
+    seen = []
+    for epoch in range(4):
+        trainer.train_epoch(progress=False)
+        group = trainer.optimizer.param_groups[0]
+        steps = int(trainer.optimizer.state[group["params"][0]]["step"])
+        seen.append((group["lr"], trainer.objective.loss_fn.weighted, steps,
+                     bool(trainer.objective.loss_fn.quantile.ne(0).any())))
+        trainer.epoch += 1
+    per_epoch = math.ceil(ml100k.train[0].numel() / 256)
+    lr = trainer.config.lr
+    # warm-up (plain SL, the run's lr); then SL@K at lr * 0.1 with Adam's step count restarted;
+    # the quantile is refreshed in epochs 2 and 4 (1-based), the first after the warm-up being 4
+    assert seen == [(lr, False, per_epoch, False), (lr, False, 2 * per_epoch, False),
+                    (pytest.approx(lr * 0.1), True, per_epoch, False), (pytest.approx(lr * 0.1), True, 2 * per_epoch, True)]
+
+
+def test_slatk_resumed_across_the_switch_trains_as_an_uninterrupted_run(ml100k, tmp_path):
+    whole = run(ml100k, _slatk_config(), tmp_path / "whole", progress=False, log=lambda *_: None)
+    short = dataclasses.replace(_slatk_config(), epochs=2)
+    run(ml100k, short, tmp_path / "resumed", progress=False, log=lambda *_: None)
+    resumed = run(ml100k, _slatk_config(), tmp_path / "resumed", resume=True, progress=False, log=lambda *_: None)
+    assert [h["loss"] for h in resumed["epochs"]] == [h["loss"] for h in whole["epochs"]]
+    assert resumed["test"] == whole["test"]
+    json.dumps(resumed["config"])  # the schedule's arguments are recorded with the run
