@@ -46,7 +46,12 @@ CASES = {**{name: (name, {}) for name in sorted(OBJECTIVES)},
          "pnn-sampled8": ("pnn", {"in_batch": False, "candidates": 8, "beta": 0.0}),
          "pnn-dns-anchored": ("pnn", {"preset": "dns-anchored"}),
          "sl-t02": ("sl", {"temperature": 0.2}),
-         "sl-pnn-t02-w05": ("sl", {"temperature": 0.2, "neutral_weight": 0.5})}
+         "sl-pnn-t02-w05": ("sl", {"temperature": 0.2, "neutral_weight": 0.5}),
+         # SL's successors at SL's 800 draws, the loss's own cost apart from its authors' 1000;
+         # SL@K refreshing its quantile every epoch: the cost of the epochs that refresh
+         "psl-800": ("psl", {"num_negatives": 800}),
+         "slatk-800": ("slatk", {"num_negatives": 800}),
+         "slatk-800-refresh": ("slatk", {"num_negatives": 800, "quantile_every": 1})}
 SELECTED = [name for name in os.environ.get("BENCH_LOSSES", ",".join(CASES)).split(",") if name]
 
 

@@ -11,7 +11,8 @@ from .csr import CSR
 from .known import KnownPositives
 from .losses import BPRLoss, DNSLoss, PNNLoss, SampledSoftmaxLoss, embedding_bpr
 from .sampling import sample_unknown
+from .softmax_losses import BilateralSoftmaxLoss, PairwiseSoftmaxLoss, SoftmaxLossAtK
 
-__all__ = ["BPRLoss", "CSR", "DNSLoss", "KnownPositives", "PNNLoss", "SampledSoftmaxLoss", "UserAwareAttention", "build_info",
-           "check_kernel_inputs",
+__all__ = ["BPRLoss", "BilateralSoftmaxLoss", "CSR", "DNSLoss", "KnownPositives", "PNNLoss", "PairwiseSoftmaxLoss",
+           "SampledSoftmaxLoss", "SoftmaxLossAtK", "UserAwareAttention", "build_info", "check_kernel_inputs",
            "embedding_bpr", "sample_unknown", "__version__"]

@@ -414,12 +414,25 @@ class CosineScores(NamedTuple):
 
     positive: float [B], cos(u_b, p_b); negative: float [B, K] (each row's own draws) or [B, M] (one
     pool shared by the rows); excluded: None for each row's own draws, or bool [B, M] for a pool:
-    draw j is a known item of row b's user and drops out of that row's loss.
+    draw j is a known item of row b's user and drops out of that row's loss. log_expected: None, or
+    float [M], the log of how many times each pool entry is expected among the draws (the logQ
+    correction, :meth:`logsumexp_over_negatives`); log_expected_positive: float [B], the same of
+    each row's positive, for a loss whose positive sits in its own denominator.
     """
 
     positive: torch.Tensor
     negative: torch.Tensor
     excluded: Optional[torch.Tensor] = None
+    log_expected: Optional[torch.Tensor] = None
+    log_expected_positive: Optional[torch.Tensor] = None
+
+    def logsumexp_over_negatives(self, logits: torch.Tensor) -> torch.Tensor:
+        """float [B]: log sum_j exp(logits[b, j] - log_expected[j]) over row b's negatives (the entries
+        not excluded); -inf for a row with none. ``logits``: float [B, K or M], a loss's function of
+        ``negative``."""
+        if self.log_expected is not None:
+            logits = logits - self.log_expected
+        return masked_logsumexp(logits, self.excluded)
 
 
 def cosine_scores(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
@@ -461,13 +474,17 @@ def masked_logsumexp(logits: torch.Tensor, excluded: Optional[torch.Tensor]) -> 
 
 def softmax_row_losses(scores: CosineScores, temperature: float) -> torch.Tensor:
     """float [B]: SL's term of each row, ``-log( exp s_p / (exp s_p + sum_j exp s_j) )`` with
-    s = cos / temperature: the positive sits in its own denominator."""
-    return _softmax_terms(scores.positive / temperature, scores.negative / temperature, scores.excluded)
+    s = cos / temperature: the positive sits in its own denominator (with the logQ correction, every
+    logit there less the log of its expected count)."""
+    return _softmax_terms(scores, scores.negative / temperature, temperature)
 
 
-def _softmax_terms(pos_logit: torch.Tensor, neg_logits: torch.Tensor, excluded: Optional[torch.Tensor]) -> torch.Tensor:
+def _softmax_terms(scores: CosineScores, neg_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    pos_logit = scores.positive / temperature
+    if scores.log_expected_positive is not None:
+        pos_logit = pos_logit - scores.log_expected_positive
     # log of the denominator without forming [B, K + 1]: the positive joins the negatives' logsumexp
-    return torch.logaddexp(pos_logit, masked_logsumexp(neg_logits, excluded)) - pos_logit
+    return torch.logaddexp(pos_logit, scores.logsumexp_over_negatives(neg_logits)) - pos_logit
 
 
 def shared_pool_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
@@ -532,7 +549,7 @@ def _neutral_weighted(scores: CosineScores, impl, temperature: float, neutral_we
         neutral = ~impl.lowest_k_mask(neg_logits.detach(), num_negative)
     # a weight w in the denominator is log w added to the logit
     neg_logits = neg_logits + neutral.to(neg_logits.dtype) * math.log(neutral_weight)
-    return _softmax_terms(scores.positive / temperature, neg_logits, None)
+    return _softmax_terms(scores, neg_logits, temperature)
 
 
 class SampledCosineLoss(_ChecksInputs, nn.Module):
@@ -541,22 +558,39 @@ class SampledCosineLoss(_ChecksInputs, nn.Module):
     ``num_negatives`` catalog items shared by the batch), the sparse gather and the cosines. A
     subclass writes :meth:`row_losses`, the loss of each row from its :class:`CosineScores`.
 
+    Mixed negatives (Yang et al., "Mixed Negative Sampling for Learning Two-tower Neural Networks in
+    Recommendations", WWW 2020): with ``in_batch_negatives`` the batch's positives (every rank's under
+    torchrun) join the shared pool as negatives of every row, each row's known items (its own
+    positive among them) left out. With ``logq`` every logit of the softmax, the positive's and the
+    negatives', is less the log of that item's expected count among the draws, ``B p_j + M / I``
+    (p_j its share of the training pairs, M the pool, I the catalog): the sampling-probability
+    correction of TensorFlow's sampled softmax and of TFRS, for the mixture.
+
     forward(user_emb [B, d], item_table [I, d], users int [B], pos_items int [B], neg_items=None,
     generator=None) -> 0-dim tensor of user_emb's dtype, the mean of :meth:`row_losses`.  ``neg_items``
     int [B, K]: the draws, unknown items of their rows; or int [M], one pool shared by every row (its
     known items masked per row); None draws them (:meth:`sample_negatives`) from ``generator``.
     """
 
-    def __init__(self, known: KnownPositives, num_negatives: int, shared_negatives: bool, backend: str,
-                 validate: Union[str, bool], sparse: bool):
+    def __init__(self, known: KnownPositives, num_negatives: int, shared_negatives: bool, in_batch_negatives: bool,
+                 logq: bool, backend: str, validate: Union[str, bool], sparse: bool):
         super().__init__()
         if not isinstance(known, KnownPositives):
             raise TypeError(f"known must be a KnownPositives, got {type(known).__name__}")
         self.known = known
         self.num_negatives = check_int("num_negatives", num_negatives, 1)
-        if not isinstance(shared_negatives, bool):
-            raise TypeError(f"shared_negatives must be True or False, got {shared_negatives!r}")
-        self.shared_negatives = shared_negatives
+        for name, value in (("shared_negatives", shared_negatives), ("in_batch_negatives", in_batch_negatives),
+                            ("logq", logq)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {value!r}")
+        if in_batch_negatives and not shared_negatives:
+            raise ValueError("in_batch_negatives mixes the batch's positives with one uniform pool shared by the "
+                             "batch: it needs shared_negatives=True")
+        if logq and not in_batch_negatives:
+            raise ValueError("logq corrects for the in-batch negatives' popularity: it needs in_batch_negatives=True")
+        self.shared_negatives, self.in_batch_negatives, self.logq = shared_negatives, in_batch_negatives, logq
+        # logQ: how often each item is a training positive, a one-off [I] count moved to the device once
+        self._item_counts = torch.bincount(known.indices, minlength=known.num_items).double() if logq else None
         self.backend = backends.check_name(backend)
         self.validate = check_validate(validate)
         self.sparse = bool(sparse)
@@ -587,16 +621,34 @@ class SampledCosineLoss(_ChecksInputs, nn.Module):
         if neg_items is None:
             neg_items = self.sample_negatives(users, generator)
         self.check_draws(neg_items)
-        known_in_pool = None
+        known_in_pool = log_expected = None
+        if self.in_batch_negatives:
+            if neg_items.dim() != 1:
+                raise ValueError(f"in_batch_negatives adds the batch's positives to one pool shared by the rows: "
+                                 f"neg_items must be a pool [M], got shape {list(neg_items.shape)}")
+            in_batch = gather_ids(pos_items)  # every rank's positives under torchrun
+            if self.logq:
+                log_expected = self._log_expected_counts(in_batch.numel(), neg_items.numel(), item_table.dtype)
+            neg_items = torch.cat([in_batch, neg_items])
         if neg_items.dim() == 1:
             # each row's binary search in its user's known items (a global search of B x M keys was
             # three quarters of the step at B = 8192)
             impl = backends.select(self.backend, user_emb.device)
             known_in_pool = impl.rows_contain(self.known, users, neg_items.expand(users.numel(), -1))
+        # the corrections are read by the original ids, before sparse=True renames them
+        corrections = (log_expected(neg_items), log_expected(pos_items)) if log_expected else (None, None)
         if self.sparse:
             item_table, (pos_items, neg_items), _ = _compact(item_table, [pos_items, neg_items], self.validate == "eager")
         scores = cosine_scores(user_emb, item_table, pos_items, neg_items, known_in_pool, self.backend)
+        scores = scores._replace(log_expected=corrections[0], log_expected_positive=corrections[1])
         return self.row_losses(users, scores).mean()
+
+    def _log_expected_counts(self, in_batch: int, pool: int, dtype: torch.dtype):
+        """ids -> log of each item's expected count among the draws: ``in_batch`` positives drawn as
+        the training pairs are (an item in proportion to its pairs) and ``pool`` uniform items."""
+        counts = self._item_counts = self._item_counts.to(self.known.indices.device)
+        rates = counts * (in_batch / self.known.indices.numel()) + pool / self.known.num_items
+        return lambda ids: rates.index_select(0, ids).log().to(dtype)
 
     def check_draws(self, neg_items: torch.Tensor) -> None:
         """Refuse draws this loss cannot use (a subclass's rule); the base takes any."""
@@ -623,6 +675,9 @@ class SampledSoftmaxLoss(SampledCosineLoss):
             uniformly with replacement from the whole catalog, shared by the batch's rows
             (:func:`shared_pool_softmax_loss`: one matrix product, each row's known items masked
             out), in place of each row's own draws from its unknown items. Not with PNN's classes.
+        in_batch_negatives: the batch's positives join the shared pool (mixed negatives, with
+            ``shared_negatives``); logq: the sampling-probability correction of that mix
+            (:class:`SampledCosineLoss`).
         backend, validate, sparse: as :class:`PNNLoss`.
 
     forward(user_emb [B, d], item_table [I, d], users int [B], pos_items int [B], neg_items=None,
@@ -634,9 +689,9 @@ class SampledSoftmaxLoss(SampledCosineLoss):
 
     def __init__(self, known: KnownPositives, *, num_negatives: int = 800, temperature: float = 0.1,
                  neutral_weight: float = 1.0, neg_size: Union[str, int, None] = None, neutral_top: int = 0,
-                 shared_negatives: bool = False, backend: str = "auto", validate: Union[str, bool] = "deferred",
-                 sparse: bool = False):
-        super().__init__(known, num_negatives, shared_negatives, backend, validate, sparse)
+                 shared_negatives: bool = False, in_batch_negatives: bool = False, logq: bool = False,
+                 backend: str = "auto", validate: Union[str, bool] = "deferred", sparse: bool = False):
+        super().__init__(known, num_negatives, shared_negatives, in_batch_negatives, logq, backend, validate, sparse)
         self.temperature = check_real("temperature", temperature, low_open=True)
         self.neutral_weight = check_real("neutral_weight", neutral_weight, high=1.0, low_open=True)
         # at least one draw of a row stays outside the neutral class, at full weight
@@ -660,7 +715,8 @@ class SampledSoftmaxLoss(SampledCosineLoss):
     def extra_repr(self) -> str:
         return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
                 f"neutral_weight={self.neutral_weight}, neg_size={self.neg_size!r}, neutral_top={self.neutral_top}, "
-                f"shared_negatives={self.shared_negatives}, backend={self.backend!r}, sparse={self.sparse}")
+                f"shared_negatives={self.shared_negatives}, in_batch_negatives={self.in_batch_negatives}, "
+                f"logq={self.logq}, backend={self.backend!r}, sparse={self.sparse}")
 
     def negative_class_sizes(self, users: torch.Tensor, num_draws: Optional[int] = None) -> torch.Tensor:
         """int64 [B]: k_b, each row's count of lowest-scored draws that keep weight 1 under PNN's rule

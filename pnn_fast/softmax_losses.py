@@ -23,7 +23,7 @@ from . import backends
 from ._checks import check_int, check_real
 from .distributed import gather_values
 from .known import KnownPositives
-from .losses import CosineScores, SampledCosineLoss, masked_logsumexp, softmax_row_losses
+from .losses import CosineScores, SampledCosineLoss, softmax_row_losses
 
 
 def _where_has_negative(scores: CosineScores, row: torch.Tensor) -> torch.Tensor:
@@ -46,15 +46,17 @@ class BilateralSoftmaxLoss(SampledCosineLoss):
         num_negatives: draws per row (the BSL repository's MF runs: 800).
         positive_temperature: tau1 > 0, on the positive's score.
         negative_temperature: tau2 > 0, inside the negatives' log-sum-exp.
-        shared_negatives, backend, validate, sparse: as :class:`~pnn_fast.SampledSoftmaxLoss`.
+        shared_negatives, in_batch_negatives, logq, backend, validate, sparse: as
+            :class:`~pnn_fast.SampledSoftmaxLoss`.
 
     forward: as :class:`~pnn_fast.SampledSoftmaxLoss` (the mean of the rows' losses).
     """
 
     def __init__(self, known: KnownPositives, *, num_negatives: int = 800, positive_temperature: float = 0.1,
-                 negative_temperature: float = 0.1, shared_negatives: bool = False, backend: str = "auto",
+                 negative_temperature: float = 0.1, shared_negatives: bool = False, in_batch_negatives: bool = False,
+                 logq: bool = False, backend: str = "auto",
                  validate: Union[str, bool] = "deferred", sparse: bool = False):
-        super().__init__(known, num_negatives, shared_negatives, backend, validate, sparse)
+        super().__init__(known, num_negatives, shared_negatives, in_batch_negatives, logq, backend, validate, sparse)
         self.positive_temperature = check_real("positive_temperature", positive_temperature, low_open=True)
         self.negative_temperature = check_real("negative_temperature", negative_temperature, low_open=True)
 
@@ -65,7 +67,7 @@ class BilateralSoftmaxLoss(SampledCosineLoss):
 
     def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
         tau1, tau2 = self.positive_temperature, self.negative_temperature
-        spread = masked_logsumexp(scores.negative / tau2, scores.excluded)
+        spread = scores.logsumexp_over_negatives(scores.negative / tau2)
         return _where_has_negative(scores, (tau2 / tau1) * spread - scores.positive / tau1)
 
 
@@ -86,8 +88,8 @@ class PairwiseSoftmaxLoss(SampledCosineLoss):
     docs/baselines/psl.md.
 
     Args:
-        known, num_negatives (Tiny-Snow/IR-Benchmark's 1000), shared_negatives, backend, validate,
-            sparse: as :class:`~pnn_fast.SampledSoftmaxLoss`.
+        known, num_negatives (Tiny-Snow/IR-Benchmark's 1000), shared_negatives, in_batch_negatives, logq,
+            backend, validate, sparse: as :class:`~pnn_fast.SampledSoftmaxLoss`.
         temperature: tau, which scales the scores: the surrogates hold for gaps in [-1, 1], so the
             authors take tau >= 2 (their default 2); "atan" and "relu" need it.
         robust_temperature: tau_star > 0; near a gap of 0 every surrogate has slope 1, so PSL there
@@ -98,8 +100,9 @@ class PairwiseSoftmaxLoss(SampledCosineLoss):
 
     def __init__(self, known: KnownPositives, *, num_negatives: int = 1000, temperature: float = 2.0,
                  robust_temperature: float = 0.05, activation: str = "tanh", shared_negatives: bool = False,
-                 backend: str = "auto", validate: Union[str, bool] = "deferred", sparse: bool = False):
-        super().__init__(known, num_negatives, shared_negatives, backend, validate, sparse)
+                 in_batch_negatives: bool = False, logq: bool = False, backend: str = "auto",
+                 validate: Union[str, bool] = "deferred", sparse: bool = False):
+        super().__init__(known, num_negatives, shared_negatives, in_batch_negatives, logq, backend, validate, sparse)
         self.temperature = check_real("temperature", temperature, low_open=True)
         self.robust_temperature = check_real("robust_temperature", robust_temperature, low_open=True)
         if activation not in PSL_ACTIVATIONS:
@@ -118,7 +121,7 @@ class PairwiseSoftmaxLoss(SampledCosineLoss):
     def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
         gaps = (scores.negative - scores.positive[:, None]) / self.temperature
         surrogate = PSL_ACTIVATIONS[self.activation](gaps)
-        return _where_has_negative(scores, masked_logsumexp(surrogate / self.robust_temperature, scores.excluded))
+        return _where_has_negative(scores, scores.logsumexp_over_negatives(surrogate / self.robust_temperature))
 
 
 class SoftmaxLossAtK(SampledCosineLoss):
@@ -136,17 +139,18 @@ class SoftmaxLossAtK(SampledCosineLoss):
     warm-up). docs/baselines/slatk.md.
 
     Args:
-        known, num_negatives (the authors' 1000), shared_negatives, backend, validate, sparse: as
-            :class:`~pnn_fast.SampledSoftmaxLoss`.
+        known, num_negatives (the authors' 1000), shared_negatives, in_batch_negatives, logq, backend,
+            validate, sparse: as :class:`~pnn_fast.SampledSoftmaxLoss`.
         k: the K of NDCG@K the loss aims at (the authors' 20); at most ``num_negatives``.
         temperature: SL's tau (the authors take SL's best: 0.1 here, as SL's default).
         weight_temperature: tau_w > 0 of the weight's sigmoid (the authors' default 1; they search 0.5 to 3).
     """
 
     def __init__(self, known: KnownPositives, *, k: int = 20, num_negatives: int = 1000, temperature: float = 0.1,
-                 weight_temperature: float = 1.0, shared_negatives: bool = False, backend: str = "auto",
+                 weight_temperature: float = 1.0, shared_negatives: bool = False, in_batch_negatives: bool = False,
+                 logq: bool = False, backend: str = "auto",
                  validate: Union[str, bool] = "deferred", sparse: bool = False):
-        super().__init__(known, num_negatives, shared_negatives, backend, validate, sparse)
+        super().__init__(known, num_negatives, shared_negatives, in_batch_negatives, logq, backend, validate, sparse)
         self.k = check_int("k", k, 1)
         if self.k > self.num_negatives:
             raise ValueError(f"k must be at most num_negatives={self.num_negatives} (the quantile's draws), got {k!r}")

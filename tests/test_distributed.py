@@ -114,3 +114,47 @@ def test_pnn_fast_train_under_torchrun(tmp_path):
     assert results["world_size"] == WORLD and len(results["epochs"]) == 2
     assert results["test"]["ndcg@20"] > 0
     assert run.stdout.count("results: ") == 1  # one rank reports
+
+
+def mixed_softmax(p, rows, logq):
+    """SL with mixed negatives (the batch's positives and a pool of 7) of ``rows``: loss and gradients,
+    and SL@K's quantile refreshed from those rows."""
+    from pnn_fast import SampledSoftmaxLoss, SoftmaxLossAtK
+
+    user_table = p["user_table"].clone().requires_grad_()
+    item_table = p["item_table"].clone().requires_grad_()
+    pool = torch.arange(3, 24, 3)
+    loss_fn = SampledSoftmaxLoss(p["known"], num_negatives=7, temperature=0.3, shared_negatives=True,
+                                 in_batch_negatives=True, logq=logq)
+    users, pos = p["users"][rows], p["pos"][rows]
+    loss = loss_fn(gather_rows(user_table, users), item_table, users, pos, pool)
+    loss.backward()
+    slatk = SoftmaxLossAtK(p["known"], k=3, num_negatives=7)
+    slatk.refresh_quantile(p["user_table"][users], p["item_table"], users, pool)
+    return loss.detach(), user_table.grad, item_table.grad, slatk.quantile
+
+
+def _mixed_rank(rank, rendezvous, out, logq):
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
+    try:
+        lo, hi = shard(0, 24)
+        loss, user_grad, item_grad, quantile = mixed_softmax(pnn_problem(), slice(lo, hi), logq)
+        for tensor in (loss, user_grad, item_grad):
+            dist.all_reduce(tensor)
+            tensor /= WORLD
+        torch.save({"loss": loss, "user_grad": user_grad, "item_grad": item_grad, "quantile": quantile},
+                   f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("logq", [False, True])
+def test_two_ranks_mix_in_every_ranks_positives_and_share_slatk_quantiles(tmp_path, logq):
+    """Mixed negatives under torchrun: each rank's rows see both ranks' positives, so two ranks with half
+    the batch each equal one process with all of it; SL@K's quantile refresh reaches every replica."""
+    mp.spawn(_mixed_rank, args=(str(tmp_path / "rendezvous"), str(tmp_path / "ranks.pt"), logq), nprocs=WORLD)
+    whole = mixed_softmax(pnn_problem(), slice(None), logq)
+    for rank in range(WORLD):
+        got = torch.load(tmp_path / f"ranks.pt.{rank}")
+        for key, want in zip(("loss", "user_grad", "item_grad", "quantile"), whole):
+            torch.testing.assert_close(got[key], want)

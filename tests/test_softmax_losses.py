@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from batches import requires_kernels
 from conftest import data_path
-from pnn_fast import KnownPositives
+from pnn_fast import KnownPositives, SampledSoftmaxLoss
 from pnn_fast.data import load_dataset
 from pnn_fast.softmax_losses import BilateralSoftmaxLoss, PairwiseSoftmaxLoss, SoftmaxLossAtK
 from pnn_fast.train import TrainConfig, Trainer, run
@@ -48,22 +48,31 @@ def _cos(user_rows, item_table, b, item):
     return float(F.normalize(user_rows[b], dim=0) @ F.normalize(item_table[item], dim=0))
 
 
-def _bsl_row(s_p, s_neg, tau1, tau2):
-    # BSL (ICDE'24, the paper's pseudo-code): -log( exp(s_p / t1) / (sum_j exp(s_j / t2)) ** (t2 / t1) )
-    return -math.log(math.exp(s_p / tau1) / sum(math.exp(s / tau2) for s in s_neg) ** (tau2 / tau1))
+def _bsl_row(s_p, s_neg, tau1, tau2, w=None):
+    # BSL (ICDE'24, the paper's pseudo-code): -log( exp(s_p / t1) / (sum_j exp(s_j / t2)) ** (t2 / t1) );
+    # w_j: the logQ correction's 1 / E_j on each term of a sum over draws
+    w = w or [1.0] * len(s_neg)
+    return -math.log(math.exp(s_p / tau1) / sum(wj * math.exp(s / tau2) for s, wj in zip(s_neg, w)) ** (tau2 / tau1))
 
 
-def _psl_row(s_p, s_neg, tau, tau_star, activation):
+def _psl_row(s_p, s_neg, tau, tau_star, activation, w=None):
     # PSL (NeurIPS'24, method 1): log sum_j exp( sigma(d_uij) / tau_star ), d_uij = (s_j - s_p) / tau
     sigma = {"tanh": lambda x: math.log(math.tanh(x) + 1), "atan": lambda x: math.log(math.atan(x) + 1),
              "relu": lambda x: math.log(max(x + 1, 0.0))}[activation]
-    return math.log(sum(math.exp(sigma((s - s_p) / tau) / tau_star) for s in s_neg))
+    w = w or [1.0] * len(s_neg)
+    return math.log(sum(wj * math.exp(sigma((s - s_p) / tau) / tau_star) for s, wj in zip(s_neg, w)))
 
 
-def _slatk_row(s_p, s_neg, tau, tau_w, beta):
+def _slatk_row(s_p, s_neg, tau, tau_w, beta, w=None, w_p=1.0):
     # SL@K (KDD'25): sigmoid((s_p - beta_u) / tau_w) * -log( exp(s_p/tau) / (exp(s_p/tau) + sum_j exp(s_j/tau)) )
-    softmax = -math.log(math.exp(s_p / tau) / (math.exp(s_p / tau) + sum(math.exp(s / tau) for s in s_neg)))
-    return softmax / (1 + math.exp(-(s_p - beta) / tau_w))
+    return _sl_row(s_p, s_neg, tau, w, w_p) / (1 + math.exp(-(s_p - beta) / tau_w))
+
+
+def _sl_row(s_p, s_neg, tau, w=None, w_p=1.0):
+    # SL: -log( exp(s_p/tau) / (exp(s_p/tau) + sum_j exp(s_j/tau)) ), each term times its 1 / E under logQ
+    w = w or [1.0] * len(s_neg)
+    top = w_p * math.exp(s_p / tau)
+    return -math.log(top / (top + sum(wj * math.exp(s / tau) for s, wj in zip(s_neg, w))))
 
 
 def _loop(row, known, users, pos, neg, user_rows, item_table):
@@ -188,6 +197,66 @@ def test_bad_arguments_are_one_line_errors(make, message):
     with pytest.raises(ValueError, match=message) as err:
         make(_problem()[0])
     assert "\n" not in str(err.value)
+
+
+# ---- mixed negatives and the logQ correction ---------------------------------------------------------
+
+@pytest.mark.parametrize("logq", [False, True], ids=["plain", "logq"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["sl", "bsl", "psl-tanh", "slatk"])
+def test_mixed_negatives_match_the_loop(name, backend, logq):
+    """The batch's positives join the shared pool as every row's negatives, each row's known items left
+    out; with logq each term of a sum over draws is divided by its item's expected count among them,
+    E_j = B * pairs_j / pairs + M / I (the positive's too where it sits in its own denominator)."""
+    known, users, pos, own, pool, user_rows, item_table = _problem(4)
+    pairs = torch.bincount(known.indices, minlength=NUM_ITEMS).double()
+    expected = lambda j: BATCH * float(pairs[j]) / known.indices.numel() + pool.numel() / NUM_ITEMS  # noqa: E731
+    beta = torch.linspace(-0.5, 0.6, NUM_USERS, dtype=torch.float64)
+    common = dict(num_negatives=pool.numel(), shared_negatives=True, in_batch_negatives=True, logq=logq,
+                  backend=backend)
+    make = {"sl": lambda: SampledSoftmaxLoss(known, temperature=0.3, **common),
+            "bsl": lambda: BilateralSoftmaxLoss(known, positive_temperature=0.2, negative_temperature=0.35, **common),
+            "psl-tanh": lambda: PairwiseSoftmaxLoss(known, robust_temperature=0.1, **common),
+            "slatk": lambda: SoftmaxLossAtK(known, k=3, temperature=0.3, weight_temperature=0.7, **common)}
+    loss_fn = make[name]()
+    if name == "slatk":
+        loss_fn.quantile = beta.float()
+    total = 0.0
+    for b in range(BATCH):
+        negatives = [j for j in pos.tolist() + pool.tolist() if not bool(known.contains(users[b], torch.tensor(j)))]
+        s_p = _cos(user_rows, item_table, b, int(pos[b]))
+        s_neg = [_cos(user_rows, item_table, b, j) for j in negatives]
+        w = [1 / expected(j) for j in negatives] if logq else None
+        w_p = 1 / expected(int(pos[b])) if logq else 1.0
+        total += {"sl": lambda: _sl_row(s_p, s_neg, 0.3, w, w_p),
+                  "bsl": lambda: _bsl_row(s_p, s_neg, 0.2, 0.35, w),
+                  "psl-tanh": lambda: _psl_row(s_p, s_neg, 2.0, 0.1, "tanh", w),
+                  "slatk": lambda: _slatk_row(s_p, s_neg, 0.3, 0.7, float(loss_fn.quantile[users[b]]), w, w_p)}[name]()
+    got = loss_fn(user_rows, item_table, users, pos, pool)
+    assert got.item() == pytest.approx(total / BATCH, rel=1e-10)
+    sparse = make[name]()
+    sparse.sparse = True
+    if name == "slatk":
+        sparse.quantile = beta.float()
+    assert sparse(user_rows, item_table, users, pos, pool).item() == pytest.approx(got.item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"in_batch_negatives": True}, "in_batch_negatives mixes the batch's positives with one uniform pool"),
+    ({"logq": True, "shared_negatives": True}, "logq corrects for the in-batch negatives' popularity"),
+    ({"in_batch_negatives": "yes", "shared_negatives": True}, "in_batch_negatives must be True or False"),
+])
+def test_mixed_negative_arguments_are_one_line_errors(args, message):
+    with pytest.raises((ValueError, TypeError), match=message) as err:
+        SampledSoftmaxLoss(_problem()[0], **args)
+    assert "\n" not in str(err.value)
+
+
+def test_mixed_negatives_refuse_each_rows_own_draws():
+    known, users, pos, own, pool, user_rows, item_table = _problem()
+    loss_fn = SampledSoftmaxLoss(known, shared_negatives=True, in_batch_negatives=True)
+    with pytest.raises(ValueError, match=r"neg_items must be a pool \[M\], got shape \[16, 9\]"):
+        loss_fn(user_rows, item_table, users, pos, own)
 
 
 # ---- SL@K's schedule in the trainer ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""PSL, the pairwise softmax loss (Yang et al., NeurIPS 2024, arXiv 2411.00163), as a training
+"""PSL, the pairwise softmax loss (Yang et al., NeurIPS 2024), as a training
 objective: the trainer's wrapper of :class:`pnn_fast.softmax_losses.PairwiseSoftmaxLoss` (same
 arguments and defaults). Sources, defaults and departures: docs/baselines/psl.md.
 """
