@@ -402,6 +402,8 @@ def run_study(plan: Plan, out: os.PathLike | str | None = None, *, jobs: int = 1
     selected = [cell for cell in plan.cells if only is None or fnmatch.fnmatchcase(cell.key, only)]
     if not selected:
         raise ValueError(f"--only {only!r} matches no cell; cell names look like {plan.cells[0].key}")
+    # the cells finished before must have been trained on the plan's data, before any more train
+    _check_fingerprints(plan, out, _finished_runs(plan, out)[0])
     # a diverged cell has a results.json too (saying so): it would diverge again, so it is not retried
     pending = [cell for cell in selected if not (cell.folder(out) / RESULTS_FILE).exists()]
     log(f"study {plan.name}: {len(selected)} cells, {len(selected) - len(pending)} finished before, "
@@ -412,7 +414,8 @@ def run_study(plan: Plan, out: os.PathLike | str | None = None, *, jobs: int = 1
         failed = _train_cells(pending, out, jobs, threads, progress and jobs == 1, log) if pending else {}
     finally:
         signal.signal(signal.SIGTERM, previous)
-        summary = write_summary(plan, out)  # also after Ctrl-C: whatever has finished
+        # also after Ctrl-C: whatever has finished (the cells trained now are on the plan's data)
+        summary = write_summary(plan, out, check=False)
     if failed:
         key, error = next(iter(failed.items()))
         raise RuntimeError(f"{len(failed)} of {len(pending)} cells failed (first: {key}: {error}); "
@@ -479,13 +482,8 @@ def _read_results(path: Path) -> dict:
                          f"the cell again") from None
 
 
-def summarize(plan: Plan, out: os.PathLike | str) -> dict:
-    """The statistics of the cells finished under ``out``, per (dataset, model, config) group, in plan order.
-
-    Returns a dict: ``seeds`` (the study's), ``groups`` (per group: planned and finished seeds, mean and std of each of
-    SUMMARY_METRICS, ``vs`` {baseline: {metric: lift_percent, ci95_percent, t, p, pairs}}, mean_epoch_seconds,
-    mean_best_epoch), ``unfinished`` [{cell, status, error?}], counts; None where there is no value.
-    """
+def _finished_runs(plan: Plan, out: os.PathLike | str) -> tuple[dict, list]:
+    """({(dataset, model, config): {seed: results}} of the finished cells, [{cell, status, error?}] of the others)."""
     runs = {}  # (dataset, model, config) -> {seed: results}
     unfinished = []
     for group, cells in plan.groups.items():
@@ -499,6 +497,47 @@ def summarize(plan: Plan, out: os.PathLike | str) -> dict:
                 runs[group][cell.seed] = results
             else:
                 unfinished.append({"cell": cell.key, **_cell_status(cell.folder(out))})
+    return runs, unfinished
+
+
+def _check_fingerprints(plan: Plan, out: os.PathLike | str, runs: dict) -> None:
+    """That each finished cell was trained on the data and split its plan entry gives today (the
+    fingerprint in its results.json, :meth:`Dataset.fingerprint`), else a ValueError of one line naming
+    the cell: a summary must not pair seeds trained on different data. Cells from before fingerprints
+    are adopted with a one-line warning. A dataset is loaded only when a finished cell can be checked."""
+    current, unchecked = {}, 0
+    for (dataset_name, _, _), cells in plan.groups.items():
+        for cell in cells:
+            results = runs[dataset_name, cell.model, cell.config].get(cell.seed)
+            if results is None:
+                continue
+            saved = results.get("fingerprint")
+            if saved is None:
+                unchecked += 1
+                continue
+            if cell.dataset not in current:
+                current[cell.dataset] = cell.dataset.load().fingerprint()
+            if saved != current[cell.dataset]:
+                which = "data" if saved.get("data") != current[cell.dataset]["data"] else "split"
+                raise ValueError(f"{cell.folder(out) / RESULTS_FILE}: trained on another {which} than the plan's "
+                                 f"dataset {dataset_name!r} gives now ({which} fingerprint {saved.get(which)}, now "
+                                 f"{current[cell.dataset][which]}); delete the cell's folder to train it again")
+    if unchecked:
+        print(f"pnn-fast: warning: {unchecked} finished cell(s) of {plan.name} predate data fingerprints: "
+              f"their data and split are not checked", file=sys.stderr)
+
+
+def summarize(plan: Plan, out: os.PathLike | str, *, check: bool = True) -> dict:
+    """The statistics of the cells finished under ``out``, per (dataset, model, config) group, in plan order.
+
+    Returns a dict: ``seeds`` (the study's), ``groups`` (per group: planned and finished seeds, mean and std of each of
+    SUMMARY_METRICS, ``vs`` {baseline: {metric: lift_percent, ci95_percent, t, p, pairs}}, mean_epoch_seconds,
+    mean_best_epoch), ``unfinished`` [{cell, status, error?}], counts; None where there is no value.
+    ``check``: first, that the finished cells were trained on the plan's data (:func:`_check_fingerprints`).
+    """
+    runs, unfinished = _finished_runs(plan, out)
+    if check:
+        _check_fingerprints(plan, out, runs)
     groups = []
     for (dataset, model, config), cells in plan.groups.items():
         finished = runs[dataset, model, config]
@@ -601,10 +640,11 @@ def plot_summary(summary: dict, folder: Path) -> None:
         plt.close(fig)
 
 
-def write_summary(plan: Plan, out: os.PathLike | str) -> dict:
-    """summary.json, summary.md and plots/ under ``out`` from the cells finished there; returns the summary."""
+def write_summary(plan: Plan, out: os.PathLike | str, *, check: bool = True) -> dict:
+    """summary.json, summary.md and plots/ under ``out`` from the cells finished there; returns the summary.
+    ``check``: as :func:`summarize`."""
     out = Path(out)
-    summary = summarize(plan, out)
+    summary = summarize(plan, out, check=check)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_text_atomic(out / "summary.md", summary_markdown(summary))

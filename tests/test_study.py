@@ -169,6 +169,43 @@ def test_a_rerun_trains_only_unfinished_cells_and_resumes_from_checkpoints(finis
     assert json.loads((out / "summary.json").read_text())["unfinished"] == []
 
 
+@pytest.mark.parametrize("which", ["data", "split"])
+def test_a_cell_trained_on_other_data_stops_the_summary_and_the_study_in_one_line(finished_study, tmp_path,
+                                                                                   capsys, which):
+    """Issue 67: the runner compares each finished cell's data fingerprint with what its plan entry
+    gives now, before training more and before pairing seeds in a summary."""
+    plan, finished = finished_study
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    stale = out / "cells" / "syn" / "mf" / "dns" / "seed2" / "results.json"
+    record = json.loads(stale.read_text())
+    record["fingerprint"][which] = "0123456789abcdef"
+    stale.write_text(json.dumps(record))
+    (out / "cells" / "syn" / "mf" / "bpr" / "seed1" / "results.json").unlink()  # one cell left to train
+    for options in (("--summary-only",), ("--jobs", "1")):
+        capsys.readouterr()
+        assert study(plan, out, *options) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"pnn-fast: error: {stale}: trained on another {which} than the plan's dataset 'syn'"), err
+        assert f"{which} fingerprint 0123456789abcdef, now " in err and "delete the cell's folder" in err
+        assert "\n" not in err
+    assert not (out / "cells" / "syn" / "mf" / "bpr" / "seed1" / "results.json").exists()  # nothing trained
+
+
+def test_cells_from_before_fingerprints_are_summarised_with_a_warning(finished_study, tmp_path, capsys):
+    plan, finished = finished_study
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    for path in (out / "cells").rglob("results.json"):
+        record = json.loads(path.read_text())
+        del record["fingerprint"]
+        path.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert study(plan, out, "--summary-only") == 0
+    err = capsys.readouterr().err.strip()
+    assert err == "pnn-fast: warning: 8 finished cell(s) of tiny predate data fingerprints: their data and split are not checked"
+
+
 def test_a_cut_short_results_file_is_one_line_naming_it(finished_study, tmp_path, capsys):
     """A results.json cut short (a crash mid-write, before these were written atomically): the study
     says which file and how to recover, in one line, instead of a traceback."""

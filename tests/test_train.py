@@ -452,7 +452,7 @@ def test_sparse_training_updates_only_the_rows_read_and_resumes_exactly(tmp_path
 
 
 @pytest.mark.parametrize("config, fragment", [
-    (dict(loss="simplex"), "--sparse: loss 'simplex' has no sparse path; these do: bpr, dns, pnn, sl"),
+    (dict(loss="simplex"), "--sparse: loss 'simplex' has no sparse path; these do: bpr, bsl, dns, pnn, psl, sl, slatk"),
     (dict(model="lightgcn", loss="bpr"), "--sparse needs a model that scores with its embedding tables (mf)"),
 ])
 def test_sparse_refuses_what_has_no_sparse_path(tmp_path, config, fragment):

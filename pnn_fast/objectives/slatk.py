@@ -42,9 +42,10 @@ class SLatKObjective(SampledCosineObjective):
 
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
-        self.quantile_every = check_int("quantile_every", self.args["quantile_every"], 1)
-        self.warmup_epochs = check_int("warmup_epochs", self.args["warmup_epochs"], 0)
-        self.switch_lr_factor = check_real("switch_lr_factor", self.args["switch_lr_factor"], low_open=True)
+        with self.naming_the_loss():
+            self.quantile_every = check_int("quantile_every", self.args["quantile_every"], 1)
+            self.warmup_epochs = check_int("warmup_epochs", self.args["warmup_epochs"], 0)
+            self.switch_lr_factor = check_real("switch_lr_factor", self.args["switch_lr_factor"], low_open=True)
         self.refreshing = False
         self._step_draws = None
 
