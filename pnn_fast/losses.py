@@ -36,11 +36,11 @@ PRESETS: dict = {
 }
 
 
-def loss_defaults(loss_class: type) -> dict:
-    """The defaults of ``loss_class``'s arguments, read from its signature: the one place they are
-    written (the trainer's objectives and the RecBole models take theirs from here)."""
-    return {name: p.default for name, p in inspect.signature(loss_class.__init__).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+def loss_defaults(loss) -> dict:
+    """The defaults of a loss module's (or a loss function's) arguments, read from its signature: the
+    one place they are written (the trainer's objectives and the RecBole models take theirs from here)."""
+    signature = inspect.signature(loss.__init__ if isinstance(loss, type) else loss)
+    return {name: p.default for name, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
 
 
 class _ChecksInputs:

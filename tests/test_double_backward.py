@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pnn_fast import BPRLoss, PNNLoss, SampledSoftmaxLoss
+from pnn_fast import BPRLoss, BilateralSoftmaxLoss, PairwiseSoftmaxLoss, PNNLoss, SampledSoftmaxLoss, SoftmaxLossAtK
 from pnn_fast.objectives import embedding_l2
 
 from batches import requires_kernels
@@ -21,6 +21,9 @@ LOSSES = {
     "sl": (lambda known, backend: SampledSoftmaxLoss(known, num_negatives=9, backend=backend), "unit_rows_bwd"),
     "pnn": (lambda known, backend: PNNLoss(known, DIM, backend=backend, lambda_mode="fixed"), "_bwd"),
     "bpr": (lambda known, backend: BPRLoss(backend=backend), "embedding_bpr_bwd"),
+    "bsl": (lambda known, backend: BilateralSoftmaxLoss(known, num_negatives=9, backend=backend), "unit_rows_bwd"),
+    "psl": (lambda known, backend: PairwiseSoftmaxLoss(known, num_negatives=9, backend=backend), "unit_rows_bwd"),
+    "slatk": (lambda known, backend: SoftmaxLossAtK(known, k=3, num_negatives=9, backend=backend), "unit_rows_bwd"),
 }
 
 

@@ -18,6 +18,7 @@ from .. import backends
 from ..backends.rows import gather_rows
 from ..compact import compact_items
 from ..known import KnownPositives
+from ..losses import loss_defaults
 from ..models import Recommender
 
 OBJECTIVES: dict[str, type[Objective]] = {}
@@ -66,6 +67,12 @@ def embedding_l2(model: Recommender, users: torch.Tensor, pos_items: torch.Tenso
     if neg_items is not None:
         total = total + impl.gathered_norm(item_table, neg_items.reshape(-1))
     return total / users.numel()
+
+
+def module_defaults(loss) -> dict:
+    """A loss module's (or function's) defaults as an objective's ``DEFAULTS``: all but the trainer's
+    own (``validate``, ``sparse``, ``reg_weight``), so that each default is written once."""
+    return {k: v for k, v in loss_defaults(loss).items() if k not in ("validate", "sparse", "reg_weight")}
 
 
 def _declared_kind(default, value) -> str | None:

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from ..losses import embedding_bpr
 from ..sampling import sample_unknown
-from .base import BatchLoss, Objective, register
+from .base import BatchLoss, Objective, module_defaults, register
 
 
 @register("bpr")
 class BPRObjective(Objective):
     """BPR with one uniformly sampled unknown item per pair."""
 
-    DEFAULTS = {"num_negatives": 1, "backend": "auto"}
+    DEFAULTS = {"num_negatives": 1, **module_defaults(embedding_bpr)}
     SPARSE = True
 
     def forward(self, model, users, pos_items, generator, reg_weight=0.0):

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ..softmax_losses import BilateralSoftmaxLoss
-from .base import register
-from .sl import SampledCosineObjective, module_defaults
+from .base import module_defaults, register
+from .sl import SampledCosineObjective
 
 
 @register("bsl")

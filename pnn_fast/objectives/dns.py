@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..losses import DNSLoss
 from ..sampling import sample_unknown
-from .base import BatchLoss, Objective, register
+from .base import BatchLoss, Objective, module_defaults, register
 
 
 @register("dns")
@@ -11,7 +11,7 @@ class DNSObjective(Objective):
     """BPR with the highest-scored of ``candidates`` uniform unknown items (the authors' M = 8),
     or with the hardest of the batch's positives when ``in_batch``."""
 
-    DEFAULTS = {"candidates": 8, "in_batch": False, "backend": "auto"}
+    DEFAULTS = {"candidates": 8, "in_batch": False, **module_defaults(DNSLoss)}
     SPARSE = True
 
     def __init__(self, known, model, **args):

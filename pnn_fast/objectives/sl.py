@@ -35,8 +35,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from ..losses import SampledSoftmaxLoss, loss_defaults
-from .base import BatchLoss, Objective, register
+from ..losses import SampledSoftmaxLoss
+from .base import BatchLoss, Objective, module_defaults, register
 
 
 class SampledCosineObjective(Objective):
@@ -81,12 +81,6 @@ class SampledCosineObjective(Objective):
         losses train on (the BSL code's ``generate_mode cosine`` with ``u_norm``/``i_norm``)."""
         user_table, item_table = model.embeddings()
         return F.normalize(user_table, dim=-1), F.normalize(item_table, dim=-1)
-
-
-def module_defaults(loss_class: type) -> dict:
-    """``loss_class``'s defaults as an objective's ``DEFAULTS``: all but the trainer's own
-    (``validate``, ``sparse``)."""
-    return {k: v for k, v in loss_defaults(loss_class).items() if k not in ("validate", "sparse")}
 
 
 @register("sl")

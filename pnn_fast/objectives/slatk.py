@@ -22,8 +22,8 @@ import torch
 
 from .._checks import check_int, check_real
 from ..softmax_losses import SoftmaxLossAtK
-from .base import BatchLoss, register
-from .sl import SampledCosineObjective, module_defaults
+from .base import BatchLoss, module_defaults, register
+from .sl import SampledCosineObjective
 
 SCHEDULE_DEFAULTS = {
     "quantile_every": 20,     # epoch_quantile, IR-Benchmark-SLatK args (searched over 5 and 20)
