@@ -187,16 +187,28 @@ def _parse_pairs(option: str, pairs: list) -> dict:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep:
+        if not sep or not key:
             raise ValueError(f"{option} must be KEY=VALUE, got {pair!r}")
+        if key in out:  # the last would win silently: which one the user meant is not ours to guess
+            raise ValueError(f"{option} {key} is given twice ({pair.partition('=')[2]!r} after {out[key]!r}); "
+                             f"give it once")
         if value.lower() in python_words:
             out[key] = python_words[value.lower()]
             continue
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
-            out[key] = value
+            out[key] = _float_word(value)
     return out
+
+
+def _float_word(value: str):
+    """``value`` as a float where Python reads it as one and JSON does not ("inf", "nan"), so that the
+    loss's own check names it as a number out of range; else the string itself."""
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 #: the flags of one loss (``--backend`` reaches every loss that takes a backend): flag -> (loss, argparse dest)
@@ -361,7 +373,17 @@ def _user_rows(path: str, data) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64)
 
 
+def _writable_file(option: str, path) -> None:
+    """A file to be written must have a folder to go in, checked before the work that fills it."""
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: its folder {folder} does not exist")
+
+
 def _recommend(args) -> None:
+    _writable_file("--out", args.out)
+    if args.embeddings:
+        _writable_file("--embeddings", args.embeddings)
     data, trainer = _trained_model(args)
     users = (_user_rows(args.users, data) if args.users else torch.arange(data.num_users)).to(trainer.device)
     user_table, item_table = trainer.scoring_tables()

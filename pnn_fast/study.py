@@ -299,8 +299,13 @@ class _PlanReader:
             groups[dataset["name"], model["name"], config["name"]] = tuple(
                 Cell(dataset_specs[d], model["name"], config["name"], dataclasses.replace(base, seed=seed))
                 for seed in seeds)
-        return Plan(self.path, study["name"], tuple(study["seeds"]),
-                    tuple(study.get("baselines", DEFAULT_BASELINES)), tuple(entry["name"] for entry in configs), groups)
+        names = tuple(entry["name"] for entry in configs)
+        # the default baselines are skipped where absent; one the plan names must be one of its configs
+        missing = [name for name in study.get("baselines", []) if name not in names]
+        if missing:
+            raise self.error("study.baselines", f"{missing} name no config; configs: {', '.join(names)}")
+        return Plan(self.path, study["name"], tuple(study["seeds"]), tuple(study.get("baselines", DEFAULT_BASELINES)),
+                    names, groups)
 
 
 def load_plan(path: os.PathLike | str) -> Plan:

@@ -75,6 +75,22 @@ CASES = [
     ("an .inter type RecBole does not have",
      lambda d: T + ["--data", _bytes(d / "t.inter", b"user_id:token\titem_id:token\trating:int\n1\t2\t5\n")],
      "t.inter:1: header field 'rating:int' has type 'int'; RecBole's types are token, token_seq, float, float_seq"),
+    ("a KEY=VALUE given twice", T + ["--loss", "sl", "--loss-arg", "temperature=0.1", "--loss-arg", "temperature=0.2"],
+     "--loss-arg temperature is given twice ('0.2' after 0.1); give it once"),
+    ("a model argument given twice", T + ["--model", "lightgcn", "--model-arg", "n_layers=2", "--model-arg", "n_layers=3"],
+     "--model-arg n_layers is given twice ('3' after 2); give it once"),
+    ("a KEY=VALUE without a key", T + ["--loss", "sl", "--loss-arg", "=5"], "--loss-arg must be KEY=VALUE, got '=5'"),
+    ("an infinite temperature", T + ["--loss", "sl", "--loss-arg", "temperature=inf"],
+     "loss 'sl': temperature must be a finite number > 0, got inf"),
+    ("a NaN temperature", T + ["--loss", "bsl", "--loss-arg", "negative_temperature=nan"],
+     "loss 'bsl': negative_temperature must be a finite number > 0, got nan"),
+    ("a study baseline that names no config",
+     lambda d: ["study", _bytes(d / "b.toml", b'[study]\nname = "b"\nseeds = [1]\nbaselines = ["sl-t01"]\n'
+                                             b'[[datasets]]\nname = "s"\npath = "synthetic"\n[[models]]\nname = "mf"\n'
+                                             b'[[configs]]\nname = "bpr"\n')],
+     "b.toml: study.baselines: ['sl-t01'] name no config; configs: bpr"),
+    ("recommendations into a missing folder", ["recommend", "--checkpoint", "x.pt", "--out", "no/such/r.csv"],
+     "--out no/such/r.csv: its folder "),
     # SL's successors and the mixed negatives (issue 69): each bad argument named with its loss
     ("psl activation", T + ["--loss", "psl", "--loss-arg", "activation=gelu"],
      "loss 'psl': activation must be one of ['atan', 'relu', 'tanh'], got 'gelu'"),
