@@ -20,7 +20,8 @@ from typing import Optional, Union
 import torch
 
 from . import backends
-from ._checks import check_int, check_real
+from ._checks import (check_embedding, check_id_tensor, check_int, check_real, check_same, check_values,
+                      ids_in_range, require_tensor)
 from .distributed import gather_values
 from .known import KnownPositives
 from .losses import CosineScores, SampledCosineLoss, softmax_row_losses
@@ -187,6 +188,7 @@ class SoftmaxLossAtK(SampledCosineLoss):
                 the step just taken. A user on several rows keeps the highest of their estimates.
             Under torchrun every rank applies every rank's estimates, so the replicas stay equal.
         """
+        users, neg_items = self._check_refresh(user_rows, item_table, users, neg_items)
         impl = backends.select(self.backend, user_rows.device)
         known = self.known.to(user_rows.device)
         user_unit, item_unit = impl.unit_rows(user_rows), impl.unit_rows(item_table)
@@ -206,3 +208,25 @@ class SoftmaxLossAtK(SampledCosineLoss):
         kth = torch.cat(parts, dim=1).topk(self.k, dim=1).values[:, -1]
         users, kth = gather_values(users), gather_values(kth.to(self.quantile.dtype))
         self.quantile.scatter_reduce_(0, users, kth, reduce="amax", include_self=False)
+
+    def _check_refresh(self, user_rows, item_table, users, neg_items) -> tuple:
+        """:meth:`refresh_quantile`'s inputs checked as a call's (by ``validate``); (users, neg_items)."""
+        require_tensor("user_rows", user_rows)
+        check_embedding("user_rows", user_rows, rows=None, dim=user_rows.shape[-1] if user_rows.dim() == 2 else -1)
+        check_embedding("item_table", item_table, rows=None, dim=user_rows.shape[1])
+        check_same("user_rows", user_rows, [("item_table", item_table)], dtype=True)
+        check_id_tensor("users", users, (user_rows.shape[0],))
+        check_id_tensor("neg_items", neg_items, None)
+        if neg_items.dim() not in (1, 2) or (neg_items.dim() == 2 and neg_items.shape[0] != users.numel()):
+            raise ValueError(f"neg_items must have shape [B={users.numel()}, K] or [M] (a shared pool), "
+                             f"got {list(neg_items.shape)}")
+        if neg_items.shape[-1] < self.k:
+            raise ValueError(f"the quantile is the k-th highest of the draws and known items: k={self.k} needs at "
+                             f"least k draws, got {neg_items.shape[-1]}")
+        check_same("user_rows", user_rows, [("users", users), ("neg_items", neg_items)], dtype=False)
+        ids = [("users", users, self.known.num_users), ("neg_items", neg_items, item_table.shape[0])]
+        if self.validate == "eager":
+            check_values(ids, [])
+        elif self.validate == "deferred":
+            return tuple(ids_in_range(x, size, "SoftmaxLossAtK.refresh_quantile", name) for name, x, size in ids)
+        return users, neg_items

@@ -299,3 +299,25 @@ def test_slatk_resumed_across_the_switch_trains_as_an_uninterrupted_run(ml100k, 
     assert [h["loss"] for h in resumed["epochs"]] == [h["loss"] for h in whole["epochs"]]
     assert resumed["test"] == whole["test"]
     json.dumps(resumed["config"])  # the schedule's arguments are recorded with the run
+
+
+@pytest.mark.parametrize("validate", ["deferred", "eager"])
+@pytest.mark.parametrize("call, message", [
+    (lambda f, u, t, users: f.refresh_quantile(u, t, users, torch.zeros(2, 9, dtype=torch.long)),
+     r"neg_items must have shape \[B=16, K\] or \[M\] \(a shared pool\), got \[2, 9\]"),
+    (lambda f, u, t, users: f.refresh_quantile(u, t, users, torch.full((16, 9), 99)), r"neg_items has ids outside \[0, 60\)"),
+    (lambda f, u, t, users: f.refresh_quantile(u, t, users + 50, torch.zeros(16, 9, dtype=torch.long)),
+     r"users has ids outside \[0, 12\)"),
+    (lambda f, u, t, users: f.refresh_quantile(u, t, users, torch.zeros(16, 2, dtype=torch.long)),
+     "k=3 needs at least k draws, got 2"),
+])
+def test_slatk_refresh_checks_its_inputs_as_a_call_does(validate, call, message):
+    """refresh_quantile is public: its ids are checked as forward's are (deferred: raised at check())."""
+    from pnn_fast import check_kernel_inputs
+
+    known, users, pos, own, pool, user_rows, item_table = _problem()
+    loss_fn = SoftmaxLossAtK(known, k=3, num_negatives=DRAWS, validate=validate)
+    with pytest.raises(ValueError, match=message) as err:
+        call(loss_fn, user_rows, item_table, users)
+        check_kernel_inputs()
+    assert "\n" not in str(err.value)
