@@ -26,7 +26,8 @@ beside its floor: the users x items x d multiply-adds at the rate a cache-reside
 
 Before timing, every loss's sparse step is checked against its dense step (the loss and the
 densified gradient). The table gives the median of ``--rounds`` steps and, per catalog, the
-milliseconds each row adds over the smallest catalog.
+milliseconds each row adds over the smallest catalog, and each step's peak memory: the resident
+memory one more step takes above what the process held before it (:func:`peak_memory_mb`, Linux).
 """
 from __future__ import annotations
 
@@ -87,8 +88,11 @@ def make_step(name: str, p: dict, sparse: bool):
         sparse = name == "mf-sparse-adam"
         optimizer = (torch.optim.SparseAdam if sparse else torch.optim.Adam)([user_table, item_table], lr=1e-3)
 
-    def step():
+    def release():
         user_table.grad = item_table.grad = None
+
+    def step():
+        release()
         torch.manual_seed(2)  # the preset's draws and PNN's noise and history: the same in every mode
         if name == "plain":
             rows = torch.cat([pos[:, None], neg], 1)
@@ -108,6 +112,7 @@ def make_step(name: str, p: dict, sparse: bool):
             optimizer.step()
         return loss.detach(), item_table.grad
 
+    step.release = release  # drops the last step's gradients: what a peak is measured above
     return step
 
 
@@ -119,6 +124,41 @@ def check_sparse_matches_dense(name: str, p: dict) -> None:
         raise AssertionError(f"{name}: sparse=True gave a dense gradient")
     torch.testing.assert_close(loss, dense_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad.to_dense(), dense_grad, rtol=1e-4, atol=1e-7)
+
+
+def _return_freed_blocks() -> None:
+    """Make glibc serve every block above 128 KB with its own mapping, returned on free, so that the
+    resident set follows the live tensors (by default glibc raises that threshold after the first
+    large free, and a step's buffers then stay resident between steps: every later peak reads 0).
+    Called before the process allocates anything large: freed blocks already in the heap are reused."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD, fixed
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_memory_mb(fn, release=None) -> float | None:
+    """MB of resident memory ``fn()`` took at its peak above what the process held before it: Linux's
+    high-water mark (VmHWM) reset through /proc/self/clear_refs, then read after the call;
+    ``release()`` first drops what the last call left alive (its gradients). None where the kernel
+    does not offer it."""
+    def status(field: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+        raise KeyError(field)
+
+    if release is not None:
+        release()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak resident set size
+        before = status("VmRSS")
+    except (OSError, KeyError):
+        return None
+    fn()
+    return (status("VmHWM") - before) / 2**20
 
 
 def gemm_rate(rounds: int = 200) -> float:
@@ -139,13 +179,15 @@ def eval_throughput(p: dict, num_users: int, rounds: int) -> dict:
     num_items = p["item_table"].shape[0]
     users = torch.arange(num_users).repeat_interleave(5)
     truth = CSR.from_pairs(users, torch.randint(0, num_items, (users.numel(),), generator=gen), NUM_USERS, num_items)
-    timing = time_step(lambda: evaluate(p["user_table"], p["item_table"], truth, [p["known"]], ks=(20,)),
-                       torch.device("cpu"), rounds)
+    run = lambda: evaluate(p["user_table"], p["item_table"], truth, [p["known"]], ks=(20,))  # noqa: E731
+    timing = time_step(run, torch.device("cpu"), rounds)
     floor = gemm_rate() / (num_items * DIM)
-    return {**timing, "users_per_s": num_users / timing["median_s"], "floor_users_per_s": floor}
+    return {**timing, "users_per_s": num_users / timing["median_s"], "floor_users_per_s": floor,
+            "peak_mb": peak_memory_mb(run)}
 
 
 def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_users: int) -> list[dict]:
+    _return_freed_blocks()
     rows = []
     for num_items in items:
         p = power_law_problem(num_items, batch)
@@ -159,11 +201,18 @@ def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_u
             if True in modes:
                 check_sparse_matches_dense(name, p)
             for sparse in modes:
-                timing = time_step(make_step(name, p, sparse), torch.device("cpu"), rounds)
-                rows.append({"items": num_items, "loss": name, "sparse": sparse, "batch": batch, **timing})
+                step = make_step(name, p, sparse)
+                timing = time_step(step, torch.device("cpu"), rounds)
+                peak = peak_memory_mb(step, step.release)  # after the timed rounds
+                rows.append({"items": num_items, "loss": name, "sparse": sparse, "batch": batch, **timing,
+                             "peak_mb": peak})
                 print(f"{num_items:>9,} {name:<15} {'sparse' if sparse else 'dense':<6} "
-                      f"{timing['median_s'] * 1e3:9.1f} ms", flush=True)
+                      f"{timing['median_s'] * 1e3:9.1f} ms, peak {_mb(peak)} MB", flush=True)
     return rows
+
+
+def _mb(value) -> str:
+    return "—" if value is None else f"{value:,.0f}"
 
 
 def table(rows: list[dict]) -> str:
@@ -176,8 +225,10 @@ def table(rows: list[dict]) -> str:
     keys = list(dict.fromkeys((r["loss"], r["sparse"]) for r in rows))
     ms = {(r["loss"], r["sparse"], r["items"]): r["median_s"] * 1e3 for r in rows}
     plain_added = ms.get(("plain", False, sizes[-1]), float("nan")) - ms.get(("plain", False, reference), float("nan"))
+    peaks = {(r["loss"], r["sparse"], r["items"]): r.get("peak_mb") for r in rows}
     head = ["step", "gradient"] + [f"{n:,} items (ms)" for n in sizes] + [
-        f"{sizes[-1]:,} / {reference:,}", "ms added", "added / plain's added"]
+        f"{sizes[-1]:,} / {reference:,}", "ms added", "added / plain's added"] + [
+        f"peak MB at {n:,}" for n in sizes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for loss, sparse in keys:
         times = [ms[(loss, sparse, n)] for n in sizes]
@@ -186,11 +237,13 @@ def table(rows: list[dict]) -> str:
         ratio = added / plain_added if plain_added > 0 else float("nan")
         grad = "sparse" if sparse or loss == "mf-sparse-adam" else "dense"
         lines.append(f"| {loss} | {grad} | " + " | ".join(f"{t:,.1f}" for t in times)
-                     + f" | {times[-1] / base:.2f} | {added:,.0f} | {ratio:.2f} |")
+                     + f" | {times[-1] / base:.2f} | {added:,.0f} | {ratio:.2f} | "
+                     + " | ".join(_mb(peaks[(loss, sparse, n)]) for n in sizes) + " |")
     if evals:
-        lines += ["", "| items | eval users/s | floor users/s | floor / measured |", "|---|---|---|---|"]
+        lines += ["", "| items | eval users/s | floor users/s | floor / measured | peak MB |", "|---|---|---|---|---|"]
         lines += [f"| {n:,} | {r['users_per_s']:.1f} | {r['floor_users_per_s']:.1f} | "
-                  f"{r['floor_users_per_s'] / r['users_per_s']:.2f} |" for n, r in sorted(evals.items())]
+                  f"{r['floor_users_per_s'] / r['users_per_s']:.2f} | {_mb(r.get('peak_mb'))} |"
+                  for n, r in sorted(evals.items())]
     return "\n".join(lines)
 
 
