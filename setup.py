@@ -243,7 +243,12 @@ class BuildExtensionWithInfo(BuildExtension):
         return super().get_outputs() + [str(self.info_path())]
 
 
+# The kernels are compiled against this torch's C++ ABI, so a wheel declares exactly this torch (its
+# public version: 2.14.1 for 2.14.1+cu130, which any local build of 2.14.1 satisfies).
+TORCH_REQUIREMENT = f"torch=={torch.__version__.split('+')[0]}"
+
 setup(
+    install_requires=[TORCH_REQUIREMENT, "numpy"],
     ext_modules=[extension],
     cmdclass={"build_ext": BuildExtensionWithInfo.with_options(use_ninja=True)},
     options={"bdist_wheel": {"py_limited_api": ABI3_TAG}},

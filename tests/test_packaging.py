@@ -26,9 +26,17 @@ def _without_train_extra(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", block + code], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_core_dependencies_are_torch_and_numpy_and_the_trainer_is_an_extra():
+def test_core_dependencies_are_the_built_torch_and_numpy_and_the_trainer_is_an_extra(tmp_path):
+    """The package's metadata (what a wheel declares) requires exactly the torch the kernels are built
+    against, and numpy; nothing of the trainer's."""
+    import torch
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert sorted(d.split(">")[0].split("=")[0] for d in project["dependencies"]) == ["numpy", "torch"]
+    assert project["dynamic"] == ["dependencies"] and "dependencies" not in project
+    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=ROOT, check=True,
+                   capture_output=True, text=True, timeout=300, env={**os.environ, "USE_CUDA": "0"})
+    requires = (tmp_path / "pnn_fast.egg-info" / "requires.txt").read_text().split("\n\n")[0].split()
+    assert requires == [f"torch=={torch.__version__.split('+')[0]}", "numpy"]
     train = project["optional-dependencies"]["train"]
     for name in TRAIN_ONLY:
         assert any(d.startswith(name) for d in train), train
