@@ -72,13 +72,8 @@ class BilateralSoftmaxLoss(SampledCosineLoss):
         return _where_has_negative(scores, (tau2 / tau1) * spread - scores.positive / tau1)
 
 
-#: PSL's surrogates sigma of the step function, each written so that it and its gradient stay finite
-#: where the authors' form ``log(f(x))`` is (``log(1 + tanh x) = log 2 - softplus(-2x)`` exactly).
-PSL_ACTIVATIONS = {
-    "tanh": lambda x: math.log(2.0) - torch.nn.functional.softplus(-2.0 * x),
-    "atan": lambda x: torch.log1p(torch.atan(x)),
-    "relu": lambda x: torch.log(torch.relu(x + 1.0)),
-}
+#: PSL's surrogates sigma of the step function (the authors' names)
+PSL_ACTIVATIONS = ("tanh", "atan", "relu")
 
 
 class PairwiseSoftmaxLoss(SampledCosineLoss):
@@ -120,9 +115,19 @@ class PairwiseSoftmaxLoss(SampledCosineLoss):
                 f"shared_negatives={self.shared_negatives}, backend={self.backend!r}, sparse={self.sparse}")
 
     def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
-        gaps = (scores.negative - scores.positive[:, None]) / self.temperature
-        surrogate = PSL_ACTIVATIONS[self.activation](gaps)
-        return _where_has_negative(scores, scores.logsumexp_over_negatives(surrogate / self.robust_temperature))
+        tau, tau_star = self.temperature, self.robust_temperature
+        lead = scores.positive[:, None] - scores.negative  # s_p - s_j = -tau * d_uj, [B, K]
+        if self.activation == "tanh":
+            # log(1 + tanh d) = log 2 - softplus(-2d), and softplus(-2d) = (2 / tau) * softplus_beta(lead) with
+            # beta = 2 / tau: one fused pass over [B, K], finite everywhere, and the constant log 2 / tau_star
+            # taken out of the log-sum-exp
+            logits = torch.nn.functional.softplus(lead, beta=2.0 / tau) * (-2.0 / (tau * tau_star))
+            row = scores.logsumexp_over_negatives(logits) + math.log(2.0) / tau_star
+        else:
+            gaps = lead / -tau  # within [-1, 1] for tau >= 2, where both logarithms are defined
+            surrogate = torch.log1p(torch.atan(gaps)) if self.activation == "atan" else torch.log(torch.relu(gaps + 1.0))
+            row = scores.logsumexp_over_negatives(surrogate / tau_star)
+        return _where_has_negative(scores, row)
 
 
 class SoftmaxLossAtK(SampledCosineLoss):
