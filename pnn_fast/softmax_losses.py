@@ -4,7 +4,7 @@ Each is :class:`~pnn_fast.losses.SampledSoftmaxLoss`'s machinery (the same check
 pool, sparse gather and cosines, :class:`~pnn_fast.losses.SampledCosineLoss`) with its own row
 loss. With s the cosine of the user with an item, p the row's positive and j its negatives:
 
-- BSL (Wu et al., ICDE 2024): ``-s_p / tau1 + (tau2 / tau1) log sum_j exp(s_j / tau2)``;
+- BSL (Wu et al., ICDE 2024): ``-log mean_{the user's rows} exp(s_p / tau) + w log mean_j exp(s_j / tau)``;
 - PSL (Yang et al., NeurIPS 2024): ``log sum_j exp( sigma((s_j - s_p) / tau) / tau_star )``, with
   sigma a surrogate of the step function (``log(1 + tanh x)`` by default);
 - SL@K (Yang et al., KDD 2025): ``sigmoid((s_p - beta_u) / tau_w)`` times SL's row term, with
@@ -22,6 +22,7 @@ import torch
 from . import backends
 from ._checks import (check_embedding, check_id_tensor, check_int, check_real, check_same, check_values,
                       ids_in_range, require_tensor)
+from .compact import sorted_runs
 from .distributed import gather_values
 from .known import KnownPositives
 from .losses import CosineScores, SampledCosineLoss, softmax_row_losses
@@ -35,41 +36,74 @@ def _where_has_negative(scores: CosineScores, row: torch.Tensor) -> torch.Tensor
     return torch.where(scores.excluded.all(dim=1), torch.zeros_like(row), row)
 
 
+def _user_groups(users: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: for each row, a group number shared by exactly the rows of the same user (numbers in
+    [0, B), without reading anything back: a sort and its runs)."""
+    runs = sorted_runs(users)
+    group = torch.empty_like(runs.order)
+    group[runs.order] = torch.cumsum(runs.first.to(torch.int64), 0) - 1
+    return group
+
+
+def _grouped_log_mean_exp(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """float [B]: for each row, log mean exp(values) over the rows of its group (``_user_groups``)."""
+    size = values.shape[0]
+    top = torch.full((size,), float("-inf"), dtype=values.dtype, device=values.device)
+    top = top.scatter_reduce(0, group, values.detach(), reduce="amax", include_self=True)
+    shifted = torch.exp(values - top.index_select(0, group))
+    total = torch.zeros_like(top).index_add(0, group, shifted)
+    count = torch.zeros_like(top).index_add(0, group, torch.ones_like(values))
+    return (torch.log(total / count) + top).index_select(0, group)
+
+
 class BilateralSoftmaxLoss(SampledCosineLoss):
     """BSL, bilateral softmax (Wu et al., "BSL: Understanding and Improving Softmax Loss for
-    Recommendation", ICDE 2024): SL with a temperature of its own on the positive side. A row's loss
-    is ``-s_p / tau1 + (tau2 / tau1) * log sum_j exp(s_j / tau2)`` over cosines s, the form of the
-    paper's pseudo-code as Tiny-Snow/IR-Benchmark implements it (the negatives only in the sum; with
-    tau1 = tau2 it is SL without the positive in its denominator). docs/baselines/bsl.md.
+    Recommendation", ICDE 2024): SL's log-expectation-exp over the negatives applied to the positives
+    too, so that noisy positives weigh less, as the authors' code computes it (junkangwu/BSL,
+    ``utils/losses.py``, mode ``multi``, that of its MF runs). A row b of user u has the loss::
+
+        -log mean_{rows b' of u in the batch} exp(s_b'p / tau) + w * log mean_j exp(s_bj / tau)
+
+    over cosines s: the positive side pools the batch's positives of the row's user (a user with one
+    row: its own positive), w weighs the negative side. docs/baselines/bsl.md.
 
     Args:
         known: each user's training items (:class:`KnownPositives`); the draws come from the others.
         num_negatives: draws per row (the BSL repository's MF runs: 800).
-        positive_temperature: tau1 > 0, on the positive's score.
-        negative_temperature: tau2 > 0, inside the negatives' log-sum-exp.
+        temperature: tau > 0, on both sides (the authors' MF runs: 0.08 to 0.17).
+        negative_weight: w > 0, the negative side's exponent (the authors' ``temperature2``; their MF
+            runs: 1.06 to 1.22). With w = 1 and one row a user, BSL is SL without the positive in
+            its denominator (less log K).
         shared_negatives, in_batch_negatives, logq, backend, validate, sparse: as
             :class:`~pnn_fast.SampledSoftmaxLoss`.
 
     forward: as :class:`~pnn_fast.SampledSoftmaxLoss` (the mean of the rows' losses).
     """
 
-    def __init__(self, known: KnownPositives, *, num_negatives: int = 800, positive_temperature: float = 0.1,
-                 negative_temperature: float = 0.1, shared_negatives: bool = False, in_batch_negatives: bool = False,
+    def __init__(self, known: KnownPositives, *, num_negatives: int = 800, temperature: float = 0.1,
+                 negative_weight: float = 1.1, shared_negatives: bool = False, in_batch_negatives: bool = False,
                  logq: bool = False, backend: str = "auto",
                  validate: Union[str, bool] = "deferred", sparse: bool = False):
         super().__init__(known, num_negatives, shared_negatives, in_batch_negatives, logq, backend, validate, sparse)
-        self.positive_temperature = check_real("positive_temperature", positive_temperature, low_open=True)
-        self.negative_temperature = check_real("negative_temperature", negative_temperature, low_open=True)
+        self.temperature = check_real("temperature", temperature, low_open=True)
+        self.negative_weight = check_real("negative_weight", negative_weight, low_open=True)
 
     def extra_repr(self) -> str:
-        return (f"num_negatives={self.num_negatives}, positive_temperature={self.positive_temperature}, "
-                f"negative_temperature={self.negative_temperature}, shared_negatives={self.shared_negatives}, "
-                f"backend={self.backend!r}, sparse={self.sparse}")
+        return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
+                f"negative_weight={self.negative_weight}, shared_negatives={self.shared_negatives}, "
+                f"in_batch_negatives={self.in_batch_negatives}, logq={self.logq}, backend={self.backend!r}, "
+                f"sparse={self.sparse}")
 
     def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
-        tau1, tau2 = self.positive_temperature, self.negative_temperature
-        spread = scores.logsumexp_over_negatives(scores.negative / tau2)
-        return _where_has_negative(scores, (tau2 / tau1) * spread - scores.positive / tau1)
+        tau = self.temperature
+        positive = _grouped_log_mean_exp(scores.positive / tau, _user_groups(users))
+        # a mean over the row's negatives: its log-sum-exp less the log of how many it has
+        if scores.excluded is None:
+            negatives = torch.full_like(scores.positive, float(scores.negative.shape[1]))
+        else:
+            negatives = (~scores.excluded).sum(dim=1).to(scores.positive.dtype).clamp_min(1)
+        negative = scores.logsumexp_over_negatives(scores.negative / tau) - torch.log(negatives)
+        return _where_has_negative(scores, self.negative_weight * negative - positive)
 
 
 #: PSL's surrogates sigma of the step function (the authors' names)

@@ -82,8 +82,8 @@ CASES = [
     ("a KEY=VALUE without a key", T + ["--loss", "sl", "--loss-arg", "=5"], "--loss-arg must be KEY=VALUE, got '=5'"),
     ("an infinite temperature", T + ["--loss", "sl", "--loss-arg", "temperature=inf"],
      "loss 'sl': temperature must be a finite number > 0, got inf"),
-    ("a NaN temperature", T + ["--loss", "bsl", "--loss-arg", "negative_temperature=nan"],
-     "loss 'bsl': negative_temperature must be a finite number > 0, got nan"),
+    ("a NaN weight", T + ["--loss", "bsl", "--loss-arg", "negative_weight=nan"],
+     "loss 'bsl': negative_weight must be a finite number > 0, got nan"),
     ("a study baseline that names no config",
      lambda d: ["study", _bytes(d / "b.toml", b'[study]\nname = "b"\nseeds = [1]\nbaselines = ["sl-t01"]\n'
                                              b'[[datasets]]\nname = "s"\npath = "synthetic"\n[[models]]\nname = "mf"\n'
@@ -104,8 +104,8 @@ CASES = [
      "loss 'slatk': switch_lr_factor must be a finite number > 0, got -1"),
     ("slatk negative warm-up", T + ["--loss", "slatk", "--loss-arg", "warmup_epochs=-1"],
      "loss 'slatk': warmup_epochs must be an int >= 0, got -1"),
-    ("bsl temperature 0", T + ["--loss", "bsl", "--loss-arg", "positive_temperature=0"],
-     "loss 'bsl': positive_temperature must be a finite number > 0, got 0"),
+    ("bsl temperature 0", T + ["--loss", "bsl", "--loss-arg", "temperature=0"],
+     "loss 'bsl': temperature must be a finite number > 0, got 0"),
     ("bsl no draws", T + ["--loss", "bsl", "--loss-arg", "num_negatives=0"],
      "loss 'bsl': num_negatives must be an int >= 1, got 0"),
     ("logq without in-batch negatives", T + ["--loss", "sl", "--loss-arg", "logq=true"],

@@ -48,11 +48,14 @@ def _cos(user_rows, item_table, b, item):
     return float(F.normalize(user_rows[b], dim=0) @ F.normalize(item_table[item], dim=0))
 
 
-def _bsl_row(s_p, s_neg, tau1, tau2, w=None):
-    # BSL (ICDE'24, the paper's pseudo-code): -log( exp(s_p / t1) / (sum_j exp(s_j / t2)) ** (t2 / t1) );
-    # w_j: the logQ correction's 1 / E_j on each term of a sum over draws
+def _bsl_row(s_group, s_neg, tau, weight, w=None):
+    # BSL (ICDE'24, the authors' code, mode multi): -log( mean_{b' of the user} exp(s_b'p / tau)
+    #   / (mean_j exp(s_j / tau)) ** weight ), s_group the positives of the batch's rows of the row's user;
+    # w_j: the logQ correction's 1 / E_j on each term of the negatives' mean
     w = w or [1.0] * len(s_neg)
-    return -math.log(math.exp(s_p / tau1) / sum(wj * math.exp(s / tau2) for s, wj in zip(s_neg, w)) ** (tau2 / tau1))
+    positive = sum(math.exp(s / tau) for s in s_group) / len(s_group)
+    negative = sum(wj * math.exp(s / tau) for s, wj in zip(s_neg, w)) / len(s_neg)
+    return -math.log(positive / negative ** weight)
 
 
 def _psl_row(s_p, s_neg, tau, tau_star, activation, w=None):
@@ -75,6 +78,11 @@ def _sl_row(s_p, s_neg, tau, w=None, w_p=1.0):
     return -math.log(top / (top + sum(wj * math.exp(s / tau) for s, wj in zip(s_neg, w))))
 
 
+def _group(users, pos, user_rows, item_table, b):
+    """The positives' cosines of every row of the batch whose user is row b's (BSL's positive side)."""
+    return [_cos(user_rows, item_table, c, int(pos[c])) for c in range(users.numel()) if users[c] == users[b]]
+
+
 def _loop(row, known, users, pos, neg, user_rows, item_table):
     total = 0.0
     for b in range(users.numel()):
@@ -88,8 +96,7 @@ def _cases(known):
     slatk = SoftmaxLossAtK(known, k=3, num_negatives=DRAWS, temperature=0.3, weight_temperature=0.7)
     slatk.quantile = beta.float()
     return {
-        "bsl": (BilateralSoftmaxLoss(known, num_negatives=DRAWS, positive_temperature=0.2, negative_temperature=0.35),
-                lambda b, s_p, s_neg: _bsl_row(s_p, s_neg, 0.2, 0.35)),
+        "bsl": (BilateralSoftmaxLoss(known, num_negatives=DRAWS, temperature=0.2, negative_weight=1.3), None),
         "psl-tanh": (PairwiseSoftmaxLoss(known, num_negatives=DRAWS, temperature=2.0, robust_temperature=0.1),
                      lambda b, s_p, s_neg: _psl_row(s_p, s_neg, 2.0, 0.1, "tanh")),
         "psl-tanh-below-2": (PairwiseSoftmaxLoss(known, num_negatives=DRAWS, temperature=0.5, robust_temperature=0.2),
@@ -117,6 +124,8 @@ def test_loss_matches_the_loop(name, backend, pool):
     if name == "slatk":
         beta = loss_fn.quantile.double()
         row = lambda b, s_p, s_neg: _slatk_row(s_p, s_neg, 0.3, 0.7, float(beta[users[b]]))  # noqa: E731
+    if name == "bsl":
+        row = lambda b, s_p, s_neg: _bsl_row(_group(users, pos, user_rows, item_table, b), s_neg, 0.2, 1.3)  # noqa: E731
     want = _loop(row, known, users, pos, neg, user_rows, item_table)
     got = loss_fn(user_rows, item_table, users, pos, neg)
     assert got.item() == pytest.approx(want, rel=1e-10)
@@ -190,7 +199,8 @@ def test_slatk_quantile_is_the_kth_highest_of_known_items_and_draws():
     (lambda k: PairwiseSoftmaxLoss(k, activation="gelu"), "activation must be one of"),
     (lambda k: PairwiseSoftmaxLoss(k, temperature=1.0, activation="atan"), "needs temperature >= 2"),
     (lambda k: SoftmaxLossAtK(k, k=30, num_negatives=20), "k must be at most num_negatives=20"),
-    (lambda k: BilateralSoftmaxLoss(k, positive_temperature=0.0), "positive_temperature must be a finite number > 0"),
+    (lambda k: BilateralSoftmaxLoss(k, temperature=0.0), "temperature must be a finite number > 0"),
+    (lambda k: BilateralSoftmaxLoss(k, negative_weight=-1.0), "negative_weight must be a finite number > 0"),
     (lambda k: SoftmaxLossAtK(k, weight_temperature=float("nan")), "weight_temperature must be a finite number"),
 ])
 def test_bad_arguments_are_one_line_errors(make, message):
@@ -215,7 +225,7 @@ def test_mixed_negatives_match_the_loop(name, backend, logq):
     common = dict(num_negatives=pool.numel(), shared_negatives=True, in_batch_negatives=True, logq=logq,
                   backend=backend)
     make = {"sl": lambda: SampledSoftmaxLoss(known, temperature=0.3, **common),
-            "bsl": lambda: BilateralSoftmaxLoss(known, positive_temperature=0.2, negative_temperature=0.35, **common),
+            "bsl": lambda: BilateralSoftmaxLoss(known, temperature=0.2, negative_weight=1.3, **common),
             "psl-tanh": lambda: PairwiseSoftmaxLoss(known, robust_temperature=0.1, **common),
             "slatk": lambda: SoftmaxLossAtK(known, k=3, temperature=0.3, weight_temperature=0.7, **common)}
     loss_fn = make[name]()
@@ -229,7 +239,7 @@ def test_mixed_negatives_match_the_loop(name, backend, logq):
         w = [1 / expected(j) for j in negatives] if logq else None
         w_p = 1 / expected(int(pos[b])) if logq else 1.0
         total += {"sl": lambda: _sl_row(s_p, s_neg, 0.3, w, w_p),
-                  "bsl": lambda: _bsl_row(s_p, s_neg, 0.2, 0.35, w),
+                  "bsl": lambda: _bsl_row(_group(users, pos, user_rows, item_table, b), s_neg, 0.2, 1.3, w),
                   "psl-tanh": lambda: _psl_row(s_p, s_neg, 2.0, 0.1, "tanh", w),
                   "slatk": lambda: _slatk_row(s_p, s_neg, 0.3, 0.7, float(loss_fn.quantile[users[b]]), w, w_p)}[name]()
     got = loss_fn(user_rows, item_table, users, pos, pool)
