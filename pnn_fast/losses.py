@@ -604,6 +604,14 @@ class SampledCosineLoss(_ChecksInputs, nn.Module):
                                  device=users.device)
         return sample_unknown(self.known, users, self.num_negatives, generator, backend=self.backend)
 
+    #: the subclass's own arguments, shown first by :meth:`extra_repr`
+    OWN_ARGUMENTS: Tuple[str, ...] = ()
+
+    def extra_repr(self) -> str:
+        names = ("num_negatives", *self.OWN_ARGUMENTS, "shared_negatives", "in_batch_negatives", "logq", "backend",
+                 "sparse")
+        return ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
+
     def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
         """float [B]: each row's loss from its cosines."""
         raise NotImplementedError
@@ -687,6 +695,8 @@ class SampledSoftmaxLoss(SampledCosineLoss):
     (:meth:`sample_negatives`) from ``generator`` (the global one when None).
     """
 
+    OWN_ARGUMENTS = ("temperature", "neutral_weight", "neg_size", "neutral_top")
+
     def __init__(self, known: KnownPositives, *, num_negatives: int = 800, temperature: float = 0.1,
                  neutral_weight: float = 1.0, neg_size: Union[str, int, None] = None, neutral_top: int = 0,
                  shared_negatives: bool = False, in_batch_negatives: bool = False, logq: bool = False,
@@ -712,11 +722,6 @@ class SampledSoftmaxLoss(SampledCosineLoss):
             raise ValueError("shared_negatives draws one pool for the batch; PNN's classes (neutral_weight below 1) "
                              "are sized per row from each row's own draws")
 
-    def extra_repr(self) -> str:
-        return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
-                f"neutral_weight={self.neutral_weight}, neg_size={self.neg_size!r}, neutral_top={self.neutral_top}, "
-                f"shared_negatives={self.shared_negatives}, in_batch_negatives={self.in_batch_negatives}, "
-                f"logq={self.logq}, backend={self.backend!r}, sparse={self.sparse}")
 
     def negative_class_sizes(self, users: torch.Tensor, num_draws: Optional[int] = None) -> torch.Tensor:
         """int64 [B]: k_b, each row's count of lowest-scored draws that keep weight 1 under PNN's rule

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Union
 
+import numpy as np
 import torch
 
 from . import backends
@@ -80,6 +81,8 @@ class BilateralSoftmaxLoss(SampledCosineLoss):
     forward: as :class:`~pnn_fast.SampledSoftmaxLoss` (the mean of the rows' losses).
     """
 
+    OWN_ARGUMENTS = ("temperature", "negative_weight")
+
     def __init__(self, known: KnownPositives, *, num_negatives: int = 800, temperature: float = 0.1,
                  negative_weight: float = 1.1, shared_negatives: bool = False, in_batch_negatives: bool = False,
                  logq: bool = False, backend: str = "auto",
@@ -88,11 +91,6 @@ class BilateralSoftmaxLoss(SampledCosineLoss):
         self.temperature = check_real("temperature", temperature, low_open=True)
         self.negative_weight = check_real("negative_weight", negative_weight, low_open=True)
 
-    def extra_repr(self) -> str:
-        return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
-                f"negative_weight={self.negative_weight}, shared_negatives={self.shared_negatives}, "
-                f"in_batch_negatives={self.in_batch_negatives}, logq={self.logq}, backend={self.backend!r}, "
-                f"sparse={self.sparse}")
 
     def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
         tau = self.temperature
@@ -128,6 +126,8 @@ class PairwiseSoftmaxLoss(SampledCosineLoss):
             (``log(1 + arctan x)``) or "relu" (``log(relu(x + 1))``).
     """
 
+    OWN_ARGUMENTS = ("temperature", "robust_temperature", "activation")
+
     def __init__(self, known: KnownPositives, *, num_negatives: int = 1000, temperature: float = 2.0,
                  robust_temperature: float = 0.05, activation: str = "tanh", shared_negatives: bool = False,
                  in_batch_negatives: bool = False, logq: bool = False, backend: str = "auto",
@@ -143,10 +143,6 @@ class PairwiseSoftmaxLoss(SampledCosineLoss):
                              f"got {temperature!r}")
         self.activation = activation
 
-    def extra_repr(self) -> str:
-        return (f"num_negatives={self.num_negatives}, temperature={self.temperature}, "
-                f"robust_temperature={self.robust_temperature}, activation={self.activation!r}, "
-                f"shared_negatives={self.shared_negatives}, backend={self.backend!r}, sparse={self.sparse}")
 
     def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
         tau, tau_star = self.temperature, self.robust_temperature
@@ -186,6 +182,8 @@ class SoftmaxLossAtK(SampledCosineLoss):
         weight_temperature: tau_w > 0 of the weight's sigmoid (the authors' default 1; they search 0.5 to 3).
     """
 
+    OWN_ARGUMENTS = ("k", "temperature", "weight_temperature", "positive_cap", "weighted")
+
     def __init__(self, known: KnownPositives, *, k: int = 20, num_negatives: int = 1000, temperature: float = 0.1,
                  weight_temperature: float = 1.0, shared_negatives: bool = False, in_batch_negatives: bool = False,
                  logq: bool = False, backend: str = "auto",
@@ -197,16 +195,12 @@ class SoftmaxLossAtK(SampledCosineLoss):
         self.temperature = check_real("temperature", temperature, low_open=True)
         self.weight_temperature = check_real("weight_temperature", weight_temperature, low_open=True)
         self.weighted = True
-        counts = (known.indptr[1:] - known.indptr[:-1]).double()
-        # the authors score each user's first known items up to the 90th percentile of the counts
-        self.positive_cap = int(torch.quantile(counts, 0.9)) if counts.numel() else 0
+        counts = (known.indptr[1:] - known.indptr[:-1]).cpu().numpy()
+        # the authors score each user's first known items up to the 90th percentile of the counts (numpy's,
+        # as theirs: torch.quantile refuses more than 2^24 users)
+        self.positive_cap = int(np.percentile(counts, 90)) if counts.size else 0
         self.register_buffer("quantile", torch.zeros(known.num_users))
 
-    def extra_repr(self) -> str:
-        return (f"k={self.k}, num_negatives={self.num_negatives}, temperature={self.temperature}, "
-                f"weight_temperature={self.weight_temperature}, positive_cap={self.positive_cap}, "
-                f"weighted={self.weighted}, shared_negatives={self.shared_negatives}, backend={self.backend!r}, "
-                f"sparse={self.sparse}")
 
     def row_losses(self, users: torch.Tensor, scores: CosineScores) -> torch.Tensor:
         softmax = softmax_row_losses(scores, self.temperature)

@@ -14,26 +14,21 @@ import torch.nn.functional as F
 
 from batches import requires_kernels
 from conftest import data_path
+from test_shared_pool import BATCH, NUM_ITEMS, NUM_USERS, _problem as shared_pool_problem
 from pnn_fast import KnownPositives, SampledSoftmaxLoss
 from pnn_fast.data import load_dataset
 from pnn_fast.softmax_losses import BilateralSoftmaxLoss, PairwiseSoftmaxLoss, SoftmaxLossAtK
 from pnn_fast.train import TrainConfig, Trainer, run
 
 BACKENDS = ["reference", pytest.param("cpu", marks=requires_kernels)]
-NUM_USERS, NUM_ITEMS, DIM, BATCH, DRAWS = 12, 60, 5, 16, 9
+DRAWS = 9
 
 
 def _problem(seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    pair_users = torch.randint(0, NUM_USERS, (150,), generator=gen)
-    pair_items = (torch.rand(150, generator=gen) ** 2 * NUM_ITEMS).long()  # popular items: many pool hits
-    known = KnownPositives.from_pairs(pair_users, pair_items, NUM_USERS, NUM_ITEMS)
-    pick = torch.randint(0, 150, (BATCH,), generator=gen)
-    users, pos = pair_users[pick], pair_items[pick]
-    own = torch.randint(0, NUM_ITEMS, (BATCH, DRAWS), generator=gen)
-    pool = torch.randint(0, NUM_ITEMS, (25,), generator=gen)
-    user_rows = torch.randn(BATCH, DIM, dtype=torch.float64, generator=gen)
-    item_table = torch.randn(NUM_ITEMS, DIM, dtype=torch.float64, generator=gen)
+    """test_shared_pool's problem (known items, users, positives, a pool of 25, float64 tables) and each
+    row's own DRAWS draws: (known, users, pos, own, pool, user_rows, item_table)."""
+    known, users, pos, pool, user_rows, item_table = shared_pool_problem(seed)
+    own = torch.randint(0, NUM_ITEMS, (BATCH, DRAWS), generator=torch.Generator().manual_seed(seed + 100))
     return known, users, pos, own, pool, user_rows, item_table
 
 
