@@ -12,7 +12,8 @@
 # The device call (carry ["bench/.data"]; give it a timeout_s that leaves time to rerun):
 #   bash bench/gpu_check.sh            # everything, within 6 minutes
 #   bash bench/gpu_check.sh --quick    # within 3 minutes: the build, the CUDA-graph capture and
-#                                      # reduce-overhead tests, a training step of each loss under
+#                                      # reduce-overhead tests, the CUDA tests of the kernels
+#                                      # rewritten without a GPU, a training step of each loss under
 #                                      # torch.cuda.set_sync_debug_mode("error"), the benchmark
 # Without a GPU, the CPU-side steps only (the smoke workload on the CPU, the scripts' arguments):
 #   bash bench/gpu_check.sh --dry-run [--quick]
@@ -178,6 +179,11 @@ elif (( QUICK )); then
   run extension 30 "$PYTHON" -c "import torch, pnn_fast; info = pnn_fast.build_info(); print(info); \
 assert info['with_cuda'] and torch.cuda.is_available(), 'no CUDA kernels or no GPU'"
   run capture 60 "$PYTHON" -m pytest -v -p no:cacheprovider -rfE "${CAPTURE_TESTS[@]}"
+  # the kernels rewritten without a GPU (warp-per-row class_terms and hard_negative_argmax, the
+  # warp-aggregated radix histogram, the bitmap of uncached rows, wave-sized score tiles) against
+  # the reference, before anything times them
+  run kernels-cuda 45 "$PYTHON" -m pytest -q -p no:cacheprovider -rfE tests/ops/test_class_terms.py \
+    tests/ops/test_hard_negative_argmax.py tests/ops/test_class_centroids.py tests/ops/test_lowest_k_mask.py -k cuda
   run sync-debug 60 "$PYTHON" bench/sync_debug_step.py --device cuda
   run bench-pnn-loss 60 "$PYTHON" bench/bench_pnn_loss.py --devices cuda --batches 2048 8192 \
     --json "$OUT/bench_pnn_loss.json"

@@ -110,6 +110,23 @@ def check_real(name: str, value, *, low: float = 0.0, high: float = math.inf, lo
     return float(value)
 
 
+def check_device(device) -> torch.device:
+    """``device`` (a string such as 'cpu', 'cuda', 'cuda:1', or a torch.device) as a torch.device that
+    this machine can use: a name torch does not know, or CUDA without a usable GPU, is one line
+    naming the device rather than torch's list of every backend or a driver's message."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device {device!r}: not a device name (cpu, cuda, cuda:1, ...)") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no usable GPU here (torch.cuda.is_available() is False); use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 up")
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: pnn_fast runs on cpu or cuda")
+    return parsed
+
+
 def check_int(name: str, value, minimum: int) -> int:
     """``value`` as an int, once it is an integer (not a bool, not a float) ``>= minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:

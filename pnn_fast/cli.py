@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ._checks import check_int, check_real
+from ._checks import check_device, check_int, check_real
 from .data import load_dataset, synthetic_dataset
 from .objectives import OBJECTIVES
 from .study import load_plan, run_study, write_summary
@@ -171,8 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and summarise them")
     st.add_argument("plan", help="the plan, a TOML file (format: studies/README.md)")
     st.add_argument("--out", default=None, help="output folder (default studies/<the plan's study.name>)")
-    st.add_argument("--jobs", type=int, default=1, help="cells trained at once, each in its own process (default: 1)")
-    st.add_argument("--threads", type=int, default=None, help="torch threads per job (default: CPUs / jobs)")
+    st.add_argument("--jobs", type=_checked(int, check_int, "jobs", minimum=1), default=1,
+                    help="cells trained at once, each in its own process (default: 1)")
+    st.add_argument("--threads", type=_checked(int, check_int, "threads", minimum=1), default=None,
+                    help="torch threads per job (default: CPUs / jobs)")
     st.add_argument("--only", default=None, metavar="PATTERN", help="train only the cells matching this glob "
                     "over dataset/model/config/seedN")
     st.add_argument("--summary-only", action="store_true", help="summarise the finished cells; train nothing")
@@ -265,6 +267,11 @@ def _loss_args(args) -> dict:
 
 def _load_data(args):
     if args.data is None:
+        # the built-in data set reads no file, so a data flag would be silently ignored
+        given = [name for name, default in DATA_ARG_DEFAULTS.items() if getattr(args, name) not in (None, default)]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ValueError(f"{flag} applies to --data; without --data the run uses the built-in synthetic data set")
         return synthetic_dataset()
     return load_dataset(args.data, format=args.format, split=args.split, seed=args.split_seed,
                         rating_threshold=args.rating_threshold, kcore=args.kcore)
@@ -310,8 +317,14 @@ def comparison_table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def compared_losses(text: str) -> list:
+    """The losses ``compare --losses`` trains: BPR, DNS and PNN, then those listed (comma-separated,
+    spaces around a name allowed), each once."""
+    return list(dict.fromkeys(["bpr", "dns", "pnn"] + [name.strip() for name in text.split(",") if name.strip()]))
+
+
 def _compare(args) -> None:
-    losses = list(dict.fromkeys(["bpr", "dns", "pnn"] + [x for x in args.losses.split(",") if x]))
+    losses = compared_losses(args.losses)
     unknown = [loss for loss in losses if loss not in OBJECTIVES]
     if unknown:
         raise ValueError(f"--losses: unknown loss(es) {unknown}; choose from {sorted(OBJECTIVES)}")
@@ -331,6 +344,7 @@ def _compare(args) -> None:
 
 def _trained_model(args):
     """(data, trainer holding the checkpoint's best model) for ``evaluate`` and ``recommend``."""
+    check_device(args.device)  # before the checkpoint is read onto it, which would blame the checkpoint
     state = read_checkpoint(args.checkpoint, args.device)
     config = load_config(state["config"], device=args.device)
     for name, default in DATA_ARG_DEFAULTS.items():  # read the data as the run did, unless told otherwise
@@ -384,6 +398,8 @@ def _recommend(args) -> None:
     _writable_file("--out", args.out)
     if args.embeddings:
         _writable_file("--embeddings", args.embeddings)
+    if args.users and not Path(args.users).is_file():
+        raise ValueError(f"--users {args.users}: no such file")
     data, trainer = _trained_model(args)
     users = (_user_rows(args.users, data) if args.users else torch.arange(data.num_users)).to(trainer.device)
     user_table, item_table = trainer.scoring_tables()

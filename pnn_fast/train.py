@@ -30,7 +30,7 @@ from torch.optim.adam import adam as functional_adam
 from tqdm.auto import tqdm
 
 from . import distributed
-from ._checks import check_real, raise_kernel_input_error, take_kernel_input_error
+from ._checks import check_device, check_real, raise_kernel_input_error, take_kernel_input_error
 from ._extension import build_info
 from ._files import write_text_atomic
 from ._version import __version__, source_revision
@@ -82,9 +82,7 @@ class TrainConfig:
         metric, _, k = self.valid_metric.partition("@")
         if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit() or int(k) == 0:
             raise ValueError(f"valid_metric must look like 'ndcg@20' (a cut-off of at least 1), got {self.valid_metric!r}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r}: no usable GPU here (torch.cuda.is_available() is False); "
-                             f"use --device cpu")
+        check_device(self.device)
         self.ks = tuple(sorted({int(x) for x in self.ks} | {int(k)}))
 
 

@@ -112,6 +112,24 @@ CASES = [
      "loss 'sl': logq corrects for the in-batch negatives' popularity: it needs in_batch_negatives=True"),
     ("in-batch negatives without a pool", T + ["--loss", "psl", "--loss-arg", "in_batch_negatives=true"],
      "loss 'psl': in_batch_negatives mixes the batch's positives with one uniform pool shared by the batch"),
+    # found this session (issue 67, beyond the list): each was accepted silently, or named the wrong culprit
+    ("a device torch does not know", T + ["--device", "tpu"], "device 'tpu': not a device name (cpu, cuda, cuda:1, ...)"),
+    ("evaluate on a device torch does not know", ["evaluate", "--checkpoint", "x.pt", "--device", "tpu"],
+     "device 'tpu': not a device name"),
+    ("a data flag without --data", T + ["--kcore", "5"],
+     "--kcore applies to --data; without --data the run uses the built-in synthetic data set"),
+    ("a split seed without --data", T + ["--split-seed", "7"], "--split-seed applies to --data"),
+    ("a NaN rating threshold",
+     lambda d: T + ["--data", _bytes(d / "r.csv", b"user,item,rating\n1,2,5\n"), "--rating-threshold", "nan"],
+     "rating_threshold must be a finite number, got nan"),
+    ("study --jobs 0", ["study", "plan.toml", "--jobs", "0"], "argument --jobs: jobs must be an int >= 1, got 0"),
+    ("study --threads 0", ["study", "plan.toml", "--threads", "0"], "argument --threads: threads must be an int >= 1, got 0"),
+    ("recommend for a users file that is not there", ["recommend", "--checkpoint", "x.pt", "--out", "r.csv",
+                                                      "--users", "nofile.txt"], "--users nofile.txt: no such file"),
+    ("simplex no draws", T + ["--loss", "simplex", "--loss-arg", "num_negatives=0"],
+     "loss 'simplex': num_negatives must be an int >= 1, got 0"),
+    ("simplex NaN margin", T + ["--loss", "simplex", "--loss-arg", "margin=nan"],
+     "loss 'simplex': margin must be a finite number in [-1, 1], got nan"),
 ] + ([("device cuda without a GPU", T + ["--device", "cuda"], "device 'cuda': no usable GPU here")]
      if not torch.cuda.is_available() else [])
 
@@ -172,3 +190,9 @@ def test_compare_sends_a_pnn_flag_to_pnn_only(tmp_path):
     args = build_parser().parse_args(["compare", "--losses", "sl", "--alpha", "0.5"])
     assert _config(args, "pnn").loss_args["alpha"] == 0.5
     assert "alpha" not in _config(args, "sl").loss_args
+
+
+def test_compare_reads_a_list_with_spaces():
+    """``--losses "bpr, sl"`` was refused as the unknown loss ' sl'."""
+    from pnn_fast.cli import compared_losses
+    assert compared_losses("sl, psl ,sl,") == ["bpr", "dns", "pnn", "sl", "psl"]

@@ -119,21 +119,37 @@ PNN_HD inline acc_t sequential_sum(const scalar_t* a, const scalar_t* b, int64_t
   return acc;
 }
 
-// <a, b> with 8 interleaved partial sums combined by a fixed tree: the same result on every
-// run and thread count, but not a single chain, so it is not bit-identical to sequential_sum's
-// DotTerm chain; for the lookup ops, whose scores decide no ties or classes.  Independent chains
-// let the CPU overlap the additions (and vectorise them) instead of waiting out one add latency
-// per element.
+// How a backend takes a row's sums over k = 0..d-1 and walks its entries, so that the per-row
+// functions below are written once for both.  SerialRowSum is one thread over the whole row: a sum
+// is 8 interleaved partial sums combined by a fixed tree, the same result on every run and thread
+// count (independent chains let the CPU overlap the additions and vectorise them instead of waiting
+// out one add latency per element).  CUDA's WarpRowSum (cuda/cuda_rows.cuh) gives lane l the k = l
+// mod 32 and adds the lanes by shuffles: the same terms in another order, so the backends agree to
+// rounding.  Neither is sequential_sum's single chain: for values that decide no ties or classes.
+struct SerialRowSum {
+  // sum over k of the terms folded by term(k, acc) -> acc
+  template <typename acc_t, typename Term>
+  PNN_HD_FORCE_INLINE acc_t total(int64_t d, Term term) const {
+    constexpr int kLanes = 8;
+    acc_t lane[kLanes] = {};
+    int64_t k = 0;
+    for (; k + kLanes <= d; k += kLanes) {
+      for (int l = 0; l < kLanes; ++l) lane[l] = term(k + l, lane[l]);
+    }
+    for (int l = 0; k < d; ++k, ++l) lane[l] = term(k, lane[l]);
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  }
+
+  // the entries a thread writes: k = first(), first() + stride, ... (a plain loop, not a callback, so
+  // that the CPU's loop keeps its __restrict__ outputs and vectorises)
+  static constexpr int64_t stride = 1;
+  PNN_HD int64_t first() const { return 0; }
+};
+
+// <a, b> by SerialRowSum: for the lookup ops, whose scores decide no ties or classes.
 template <typename acc_t, typename scalar_t>
 PNN_HD inline acc_t dot_wide(const scalar_t* a, const scalar_t* b, int64_t d) {
-  constexpr int kLanes = 8;
-  acc_t lane[kLanes] = {};
-  int64_t k = 0;
-  for (; k + kLanes <= d; k += kLanes) {
-    for (int l = 0; l < kLanes; ++l) lane[l] = madd(acc_t(a[k + l]), acc_t(b[k + l]), lane[l]);
-  }
-  for (int l = 0; k < d; ++k, ++l) lane[l] = madd(acc_t(a[k]), acc_t(b[k]), lane[l]);
-  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  return SerialRowSum{}.total<acc_t>(d, [=](int64_t k, acc_t acc) { return madd(acc_t(a[k]), acc_t(b[k]), acc); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -314,11 +330,14 @@ struct ClassTermsScores {
   acc_t pos_norm, negative_norm;  // ||p||, ||c_neg||
 };
 
-template <typename acc_t, typename scalar_t>
-PNN_HD inline ClassTermsScores<acc_t> class_terms_scores(const ClassTermsRow<scalar_t>& r) {
-  return {dot_wide<acc_t>(r.user, r.pos, r.d), dot_wide<acc_t>(r.user, r.neutral, r.d),
-          dot_wide<acc_t>(r.user, r.negative, r.d), sqrt_(dot_wide<acc_t>(r.pos, r.pos, r.d)),
-          sqrt_(dot_wide<acc_t>(r.negative, r.negative, r.d))};
+// RowSum: SerialRowSum on the CPU, a warp's WarpRowSum on CUDA (every lane gets the totals).
+template <typename acc_t, typename scalar_t, typename RowSum>
+PNN_HD inline ClassTermsScores<acc_t> class_terms_scores(const ClassTermsRow<scalar_t>& r, RowSum sum) {
+  const auto dot = [&](const scalar_t* a, const scalar_t* b) {
+    return sum.template total<acc_t>(r.d, [=](int64_t k, acc_t acc) { return madd(acc_t(a[k]), acc_t(b[k]), acc); });
+  };
+  return {dot(r.user, r.pos), dot(r.user, r.neutral), dot(r.user, r.negative), sqrt_(dot(r.pos, r.pos)),
+          sqrt_(dot(r.negative, r.negative))};
 }
 
 template <typename acc_t>
@@ -379,35 +398,39 @@ struct ClassTermsBatch {
   }
 };
 
-template <typename acc_t, typename scalar_t>
-PNN_HD inline void class_terms_row(const ClassTermsRow<scalar_t>& r, acc_t& rank, acc_t& constrain) {
+template <typename acc_t, typename scalar_t, typename RowSum>
+PNN_HD inline void class_terms_row(const ClassTermsRow<scalar_t>& r, RowSum sum, acc_t& rank, acc_t& constrain) {
   rank = constrain = acc_t(0);
   if (!r.valid) return;
-  const ClassTermsScores<acc_t> s = class_terms_scores<acc_t>(r);
+  const ClassTermsScores<acc_t> s = class_terms_scores<acc_t>(r, sum);
   rank = softplus_value_grad(s.neutral - s.pos).value;
   if (!r.has_negative) return;
   rank += softplus_value_grad(s.negative - s.neutral).value;
   const acc_t inv_pos = acc_t(1) / normalize_denominator(s.pos_norm);
   const acc_t inv_neg = acc_t(1) / normalize_denominator(s.negative_norm);
-  for (int64_t k = 0; k < r.d; ++k) {
+  constrain = sum.template total<acc_t>(r.d, [&](int64_t k, acc_t acc) {
     const acc_t gap = clamp_gap(r, k, inv_pos, inv_neg);
-    constrain = madd(gap, gap, constrain);
-  }
+    return madd(gap, gap, acc);
+  });
 }
 
 // The gradients of grad_rank * rank + grad_constrain * constrain w.r.t. u, p, c_neu and c_neg,
 // written (not added) to the d-vectors grad_*, which alias nothing else.  F.normalize's backward,
 // for y = x / D(x): dx = dy / D - [||x|| >= eps] x <dy, x> / (D^2 ||x||) (clamp_min passes the
-// gradient at the bound).
-template <typename acc_t, typename scalar_t, typename out_t>
-PNN_HD inline void class_terms_row_backward(const ClassTermsRow<scalar_t>& r, acc_t grad_rank, acc_t grad_constrain,
-                                            out_t* __restrict__ grad_user, out_t* __restrict__ grad_pos,
-                                            out_t* __restrict__ grad_neutral, out_t* __restrict__ grad_negative) {
+// gradient at the bound).  A whole row (the validity and class flags) takes one branch, so a
+// warp's lanes stay together.
+template <typename acc_t, typename scalar_t, typename RowSum, typename out_t>
+PNN_HD inline void class_terms_row_backward(const ClassTermsRow<scalar_t>& r, RowSum sum, acc_t grad_rank,
+                                            acc_t grad_constrain, out_t* __restrict__ grad_user,
+                                            out_t* __restrict__ grad_pos, out_t* __restrict__ grad_neutral,
+                                            out_t* __restrict__ grad_negative) {
   if (!r.valid) {
-    for (int64_t k = 0; k < r.d; ++k) grad_user[k] = grad_pos[k] = grad_neutral[k] = grad_negative[k] = out_t(0);
+    for (int64_t k = sum.first(); k < r.d; k += sum.stride) {
+      grad_user[k] = grad_pos[k] = grad_neutral[k] = grad_negative[k] = out_t(0);
+    }
     return;
   }
-  const ClassTermsScores<acc_t> s = class_terms_scores<acc_t>(r);
+  const ClassTermsScores<acc_t> s = class_terms_scores<acc_t>(r, sum);
   // d rank / d of the three scores, times grad_rank
   const acc_t first = softplus_value_grad(s.neutral - s.pos).grad;
   const acc_t second = r.has_negative ? softplus_value_grad(s.negative - s.neutral).grad : acc_t(0);
@@ -419,17 +442,18 @@ PNN_HD inline void class_terms_row_backward(const ClassTermsRow<scalar_t>& r, ac
   const acc_t twice = acc_t(2) * (r.has_negative ? grad_constrain : acc_t(0));
   acc_t pos_projection = 0, neg_projection = 0;
   if (r.has_negative) {
-    for (int64_t k = 0; k < r.d; ++k) {
-      const acc_t gap = clamp_gap(r, k, inv_pos, inv_neg);
-      pos_projection += twice * acc_t(r.noise_pos[k]) * gap * acc_t(r.pos[k]);
-      neg_projection -= twice * acc_t(r.noise_neg[k]) * gap * acc_t(r.negative[k]);
-    }
+    pos_projection = sum.template total<acc_t>(r.d, [&](int64_t k, acc_t acc) {
+      return acc + twice * acc_t(r.noise_pos[k]) * clamp_gap(r, k, inv_pos, inv_neg) * acc_t(r.pos[k]);
+    });
+    neg_projection = -sum.template total<acc_t>(r.d, [&](int64_t k, acc_t acc) {
+      return acc + twice * acc_t(r.noise_neg[k]) * clamp_gap(r, k, inv_pos, inv_neg) * acc_t(r.negative[k]);
+    });
   }
   // <dy, x> / (D^2 ||x||) = <dy, x> / D^3 where ||x|| >= eps (then D = ||x||)
   const acc_t pos_radial = s.pos_norm >= acc_t(kNormEps) ? pos_projection * inv_pos * inv_pos * inv_pos : acc_t(0);
   const acc_t neg_radial = s.negative_norm >= acc_t(kNormEps) ? neg_projection * inv_neg * inv_neg * inv_neg : acc_t(0);
   // without a negative class `twice` is 0, so the gap drops out (no branch: the loop vectorises)
-  for (int64_t k = 0; k < r.d; ++k) {
+  for (int64_t k = sum.first(); k < r.d; k += sum.stride) {
     const acc_t u = acc_t(r.user[k]), p = acc_t(r.pos[k]), c_neg = acc_t(r.negative[k]);
     const acc_t gap = clamp_gap(r, k, inv_pos, inv_neg);
     const acc_t d_unit_pos = twice * acc_t(r.noise_pos[k]) * gap, d_unit_neg = -twice * acc_t(r.noise_neg[k]) * gap;

@@ -34,7 +34,7 @@ std::tuple<at::Tensor, at::Tensor> class_terms_fwd_cpu(const at::Tensor& user_em
     at::parallel_for(0, rows, lookup_grain(6 * d), [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         acc_t row_rank, row_constrain;
-        class_terms_row(batch.row(b), row_rank, row_constrain);
+        class_terms_row(batch.row(b), SerialRowSum{}, row_rank, row_constrain);
         rank_out[b] = static_cast<scalar_t>(row_rank);
         constrain_out[b] = static_cast<scalar_t>(row_constrain);
       }
@@ -63,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> class_terms_bwd_cpu(
                         grads[3].data_ptr<scalar_t>()};
     at::parallel_for(0, rows, lookup_grain(12 * d), [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        class_terms_row_backward(batch.row(b), g_rank[b], g_constrain[b], out[0] + b * d, out[1] + b * d,
+        class_terms_row_backward(batch.row(b), SerialRowSum{}, g_rank[b], g_constrain[b], out[0] + b * d, out[1] + b * d,
                                  out[2] + b * d, out[3] + b * d);
       }
     });

@@ -4,8 +4,9 @@
 // lists' by each row's threads.
 // U_b: a shared list's as a bitmap in shared memory (mark_labeled: each known item looked up in the
 // list sorted once a call); otherwise each candidate searched in the user's known list.
-// Forward: the row's keys (kept in shared memory when C keys fit, else recomputed on every pass), the
-// hard negative and the radix select of cuda_rows.cuh, then the class sums of pnn_rows.h's RowPlan:
+// Forward: the row's keys (kept in shared memory when C keys fit, else recomputed on every pass, U_b
+// still read off the bitmap when the bitmap alone fits), the hard negative and the radix select of
+// cuda_rows.cuh, then the class sums of pnn_rows.h's RowPlan:
 // with a shared candidate list the larger class by difference from the sum of all candidates, so
 // a row reads only its labeled candidates and its smaller class.  In chunks of kThreads candidates
 // each thread classifies one candidate, the block gathers those the sums take (DirectMembers), and
@@ -92,10 +93,11 @@ __global__ void class_centroids_fwd_kernel(RowBatch<scalar_t> batch, int64_t row
   const int64_t b = row0 + blockIdx.x, d = batch.dim, count = batch.num_candidates, rows = batch.num_rows;
   const Row<scalar_t, acc_t> row(batch, b);
   const acc_t* row_scores = scores == nullptr ? nullptr : scores + static_cast<int64_t>(blockIdx.x) * count;
-  // with a sorted shared list, U_b as a bitmap after the cached keys (count keys keep it 4-aligned)
+  // with a sorted shared list, U_b as a bitmap after the cached keys (count keys keep it 4-aligned),
+  // or alone when the keys do not fit: each pass then rescores but looks up no known lists
   unsigned* labeled = nullptr;
-  if (kCached && sorted.sorted_items != nullptr) {
-    labeled = reinterpret_cast<unsigned*>(dynamic_shared + count * static_cast<int64_t>(sizeof(key_t)));
+  if (sorted.sorted_items != nullptr) {
+    labeled = reinterpret_cast<unsigned*>(dynamic_shared + (kCached ? count * static_cast<int64_t>(sizeof(key_t)) : 0));
     mark_labeled(row, sorted, count, labeled);
   }
   const RowKeys<scalar_t, acc_t, kCached> keys{row, reinterpret_cast<key_t*>(dynamic_shared), count, row_scores,
@@ -222,16 +224,19 @@ class_centroids_fwd_cuda(const at::Tensor& user_emb, const at::Tensor& item_tabl
   PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), kFwd, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     using key_t = typename KeyOf<acc_t>::type;
-    // the keys, and for a shared list its labeled bitmap after them
-    const int64_t key_bytes = in.num_candidates * static_cast<int64_t>(sizeof(key_t)) +
-                              (in.shared ? labeled_bitmap_bytes(in.num_candidates) : 0);
-    const bool cached = key_bytes <= dynamic_shared_budget(class_centroids_fwd_kernel<scalar_t, acc_t, true>);
-    const SortedCandidates sorted(in, cached);
-    const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
+    // the keys when they fit, and for a shared list its labeled bitmap after them (alone when the
+    // keys do not fit: an eighth of a float key's bytes, so it fits some 32 times more candidates)
+    const int64_t key_bytes = in.num_candidates * static_cast<int64_t>(sizeof(key_t));
+    const int64_t bitmap_bytes = in.shared ? labeled_bitmap_bytes(in.num_candidates) : 0;
+    const bool cached =
+        key_bytes + bitmap_bytes <= dynamic_shared_budget(class_centroids_fwd_kernel<scalar_t, acc_t, true>);
     const auto kernel = cached ? class_centroids_fwd_kernel<scalar_t, acc_t, true>
                                : class_centroids_fwd_kernel<scalar_t, acc_t, false>;
+    const SortedCandidates sorted(in, bitmap_bytes <= dynamic_shared_budget(kernel));
+    const int64_t shared_bytes = (cached ? key_bytes : 0) + (sorted.items.defined() ? bitmap_bytes : 0);
+    const RowBatch<scalar_t> batch = row_batch<scalar_t>(in);
     const auto launch = [&](int64_t row0, int64_t num_rows, const acc_t* scores) {
-      launch_rows(kernel, num_rows, cached ? key_bytes : 0, batch, row0, scores, sorted.view(),
+      launch_rows(kernel, num_rows, shared_bytes, batch, row0, scores, sorted.view(),
                   k_in.data_ptr<int64_t>(), total.data_ptr<acc_t>(), sums.data_ptr<acc_t>(), neutral.data_ptr<scalar_t>(),
                   negative.data_ptr<scalar_t>(), num_neutral.data_ptr<int64_t>(), num_negative.data_ptr<int64_t>(),
                   threshold.data_ptr<acc_t>(), cutoff.data_ptr<int64_t>(), hard.data_ptr<int64_t>());

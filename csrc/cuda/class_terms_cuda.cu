@@ -1,6 +1,7 @@
-// pnn_fast::class_terms_fwd / _bwd on CUDA: one thread per row runs the per-row math of pnn_rows.h
-// (class_terms_row and its backward, the code the CPU kernels run).  Rows are independent: no
-// atomics, the same result on every run.
+// pnn_fast::class_terms_fwd / _bwd on CUDA: one warp per row runs the per-row math of pnn_rows.h
+// (class_terms_row and its backward, the code the CPU kernels run) with its lanes across d
+// (WarpRowSum: coalesced loads, sums by shuffles).  One thread per row walked d-long chains alone and
+// filled only B / 256 blocks.  Rows are independent: no atomics, the same result on every run.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -14,22 +15,25 @@ namespace {
 
 template <typename scalar_t, typename acc_t>
 __global__ void class_terms_fwd_kernel(ClassTermsBatch<scalar_t> batch, scalar_t* rank, scalar_t* constrain) {
-  const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (b >= batch.rows) return;
+  const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= batch.rows) return;  // a whole warp: blocks hold whole warps
   acc_t row_rank, row_constrain;
-  class_terms_row(batch.row(b), row_rank, row_constrain);
-  rank[b] = static_cast<scalar_t>(row_rank);
-  constrain[b] = static_cast<scalar_t>(row_constrain);
+  class_terms_row(batch.row(b), WarpRowSum{lane}, row_rank, row_constrain);
+  if (lane == 0) {
+    rank[b] = static_cast<scalar_t>(row_rank);
+    constrain[b] = static_cast<scalar_t>(row_constrain);
+  }
 }
 
 template <typename scalar_t, typename acc_t>
 __global__ void class_terms_bwd_kernel(ClassTermsBatch<scalar_t> batch, const acc_t* grad_rank,
                                        const acc_t* grad_constrain, scalar_t* grad_user, scalar_t* grad_pos,
                                        scalar_t* grad_neutral, scalar_t* grad_negative) {
-  const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   if (b >= batch.rows) return;
   const int64_t at = b * batch.d;
-  class_terms_row_backward(batch.row(b), grad_rank[b], grad_constrain[b], grad_user + at, grad_pos + at,
+  class_terms_row_backward(batch.row(b), WarpRowSum{static_cast<int>(threadIdx.x % 32)}, grad_rank[b], grad_constrain[b], grad_user + at, grad_pos + at,
                            grad_neutral + at, grad_negative + at);
 }
 
@@ -46,7 +50,7 @@ std::tuple<at::Tensor, at::Tensor> class_terms_fwd_cuda(const at::Tensor& user_e
   at::Tensor constrain = at::empty({rows}, in.user_emb.options());
   PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    launch_flat(class_terms_fwd_kernel<scalar_t, acc_t>, rows, class_terms_batch<scalar_t>(in),
+    launch_flat(class_terms_fwd_kernel<scalar_t, acc_t>, rows * 32, class_terms_batch<scalar_t>(in),
                 rank.data_ptr<scalar_t>(), constrain.data_ptr<scalar_t>());
   });
   return {rank, constrain};
@@ -67,7 +71,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> class_terms_bwd_cuda(
   for (at::Tensor& g : grads) g = at::empty({rows, d}, in.user_emb.options());
   PNN_DISPATCH_FLOATING_TYPES(in.user_emb.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    launch_flat(class_terms_bwd_kernel<scalar_t, acc_t>, rows, class_terms_batch<scalar_t>(in),
+    launch_flat(class_terms_bwd_kernel<scalar_t, acc_t>, rows * 32, class_terms_batch<scalar_t>(in),
                 rank_grad.data_ptr<acc_t>(), constrain_grad.data_ptr<acc_t>(), grads[0].data_ptr<scalar_t>(),
                 grads[1].data_ptr<scalar_t>(), grads[2].data_ptr<scalar_t>(), grads[3].data_ptr<scalar_t>());
   });

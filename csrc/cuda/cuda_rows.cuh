@@ -52,6 +52,29 @@ __device__ T block_sum(T value, T* scratch) {
   return total;
 }
 
+// The sum of `value` over the 32 lanes of a warp, in every lane.
+template <typename T>
+__device__ T warp_total(T value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// pnn_rows.h's SerialRowSum for a warp that owns one row: lane l takes k = l, l + 32, ... (coalesced
+// loads), and a total reaches every lane by shuffles.  Call from all 32 lanes together.
+struct WarpRowSum {
+  int lane;
+
+  template <typename acc_t, typename Term>
+  __device__ __forceinline__ acc_t total(int64_t d, Term term) const {
+    acc_t acc = acc_t(0);
+    for (int64_t k = lane; k < d; k += 32) acc = term(k, acc);
+    return warp_total(acc);
+  }
+
+  static constexpr int64_t stride = 32;
+  __device__ int64_t first() const { return lane; }
+};
+
 // Exclusive prefix count of `flag` over the block in thread order, and the block's total.
 __device__ inline int block_exclusive_count(bool flag, int* scratch, int& total) {
   const unsigned ballot = __ballot_sync(0xffffffffu, flag);
@@ -185,19 +208,36 @@ __global__ void chain_tile_kernel(TileSide<scalar_t> left, TileSide<scalar_t> ri
 
 // The rows of `left` against the columns of `right`, a tile of rows at a time into one reused
 // buffer: for each tile chain_tile_kernel, then rows_of_tile(row0, tile) with the tile's [rows,
-// columns] view, whose row kernel reads (or rewrites) it.  About kChainTiles tiles, so that the
-// buffer stays an eighth of the [rows, columns] product (what the memory goal compares with) and
-// the launches few; at most kMaxChainBufferBytes.
-constexpr int64_t kChainTiles = 8;
+// columns] view, whose row kernel reads (or rewrites) it.  A tile is sized by the device's waves
+// (chain_tile_rows), not as a fixed share of the rows: an eighth of B = 2048 rows against 2,048
+// columns launched 128 chain blocks on 132 SMs, under one wave, and 256 row blocks after each.
+constexpr int kChainWaves = 2;
 constexpr int64_t kMaxChainBufferBytes = int64_t{64} << 20;
+
+// Rows a tile: the fewest (whole kChainTile blocks of them) whose chain_tile_kernel grid fills
+// kChainWaves waves of the device (its SMs times the blocks an SM holds at once) and whose row
+// kernel, one block a row, gets kChainWaves blocks an SM; at most all rows and a buffer of
+// kMaxChainBufferBytes.
+template <typename Kernel>
+int64_t chain_tile_rows(Kernel chain_kernel, int64_t rows, int64_t columns, int64_t acc_bytes) {
+  int device = 0, sms = 0, resident = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, chain_kernel, kThreads, 0));
+  const int64_t column_blocks = (columns + kChainTile - 1) / kChainTile;
+  const int64_t chain_blocks = int64_t{kChainWaves} * sms * std::max(resident, 1);
+  const int64_t for_chain = (chain_blocks + column_blocks - 1) / column_blocks * kChainTile;
+  const int64_t for_rows = int64_t{kChainWaves} * sms;
+  const int64_t most_rows = std::max<int64_t>(1, kMaxChainBufferBytes / (columns * acc_bytes));
+  return std::min({std::max(for_chain, for_rows), most_rows, rows});
+}
 
 template <typename acc_t, typename scalar_t, typename Term, typename RowsOfTile>
 void for_each_chain_tile(TileSide<scalar_t> left, TileSide<scalar_t> right, int64_t d, int64_t rows,
                          int64_t columns, Term term, const at::TensorOptions& acc_options, RowsOfTile rows_of_tile) {
   if (rows == 0 || columns == 0) return;
-  const int64_t row_bytes = columns * static_cast<int64_t>(sizeof(acc_t));
-  const int64_t most_rows = std::max<int64_t>(1, kMaxChainBufferBytes / row_bytes);
-  const int64_t tile = std::min((rows + kChainTiles - 1) / kChainTiles, most_rows);
+  const int64_t tile = chain_tile_rows(chain_tile_kernel<scalar_t, acc_t, Term>, rows, columns,
+                                       static_cast<int64_t>(sizeof(acc_t)));
   const at::Tensor buffer = at::empty({tile, columns}, acc_options);
   for (int64_t row0 = 0; row0 < rows; row0 += tile) {
     const int64_t num_rows = std::min(tile, rows - row0);
@@ -377,10 +417,20 @@ __device__ int64_t block_bottom_k(const Keys& keys, int64_t count, int64_t k, Se
   for (int shift = KeyBits<key_t>::value - kRadixBits; shift >= 0; shift -= kRadixBits) {
     for (int i = threadIdx.x; i < kRadixSize; i += blockDim.x) sh.histogram[i] = 0;
     __syncthreads();
-    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-      const key_t key = keys(j);
-      if (key != key_t(kExcludedKey) && radix_prefix_matches(key, prefix, shift)) {
-        atomicAdd(&sh.histogram[radix_digit(key, shift)], 1u);
+    // Aggregated per warp: the lanes with the same digit add their count once.  Scores of one row
+    // share their sign and most exponent bits, so the first pass's digits are nearly all equal, and
+    // one shared atomic a lane would serialise the block on a single counter.  The loop is uniform
+    // over the block (every lane takes every step), as __match_any_sync needs.
+    for (int64_t base = 0; base < count; base += blockDim.x) {
+      const int64_t j = base + threadIdx.x;
+      int digit = -1;
+      if (j < count) {
+        const key_t key = keys(j);
+        if (key != key_t(kExcludedKey) && radix_prefix_matches(key, prefix, shift)) digit = radix_digit(key, shift);
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      if (digit >= 0 && static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) {
+        atomicAdd(&sh.histogram[digit], static_cast<unsigned>(__popc(peers)));
       }
     }
     __syncthreads();

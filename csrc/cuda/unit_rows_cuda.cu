@@ -11,13 +11,6 @@
 namespace pnn_fast {
 namespace {
 
-// The sum of `value` over the 32 lanes of a warp, in every lane.
-template <typename T>
-__device__ T warp_total(T value) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
-
 template <typename scalar_t, typename acc_t>
 __global__ void unit_rows_kernel(const scalar_t* X, int64_t n, int64_t d, scalar_t* Y) {
   const int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;

@@ -13,6 +13,8 @@ Processing order (RecBole's, so that ``split="rs"`` follows the paper's protocol
 """
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,6 +100,9 @@ def load_dataset(
     if len(ratios) != 3:
         raise ValueError(f"ratios must be (train, valid, test), got {tuple(ratios)}")
     ratios = normalized_ratios(ratios)
+    if rating_threshold is not None and (isinstance(rating_threshold, bool) or not isinstance(rating_threshold, numbers.Real)
+                                         or not math.isfinite(rating_threshold)):
+        raise ValueError(f"rating_threshold must be a finite number, got {rating_threshold!r}")
     if isinstance(kcore, bool) or not isinstance(kcore, int) or kcore < 0:
         raise ValueError(f"kcore must be an int >= 0, got {kcore!r}")
     if isinstance(hide_train_share, bool) or not isinstance(hide_train_share, (int, float)) \

@@ -8,6 +8,7 @@ overrides its ``DEFAULTS``.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -125,6 +126,14 @@ class Objective(nn.Module):
         self.known = known
         self.sparse = bool(sparse)
         self.args = {**self.DEFAULTS, **args}
+
+    @contextlib.contextmanager
+    def naming_the_loss(self):
+        """A bad argument's one-line error, prefixed with the loss it was given to (as ``--loss-arg``)."""
+        try:
+            yield
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"loss {self.name!r}: {err}") from None
 
     def user_rows(self, user_table: torch.Tensor, users: torch.Tensor) -> torch.Tensor:
         """user_table[users] [B, d]; its gradient is sparse with ``sparse``, else ``gather_rows``'."""

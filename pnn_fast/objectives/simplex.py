@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import backends
+from .._checks import check_int, check_real
 from ..sampling import sample_unknown
 from .base import BatchLoss, Objective, register
 
@@ -123,15 +124,18 @@ class SimpleXObjective(Objective):
     def __init__(self, known, model, **args):
         super().__init__(known, model, **args)
         a = self.args
-        backends.check_name(a["backend"])
-        if a["aggregator"] not in AGGREGATORS:
-            raise ValueError(f"simplex: aggregator must be one of {AGGREGATORS}, got {a['aggregator']!r}")
-        if int(a["num_negatives"]) <= 0 or int(a["history_len"]) <= 0:
-            raise ValueError("simplex: num_negatives and history_len must be positive")
-        if not 0.0 <= float(a["dropout"]) < 1.0:
-            raise ValueError(f"simplex: dropout must lie in [0, 1), got {a['dropout']!r}")
-        if not 0.0 <= float(a["gamma"]) <= 1.0:
-            raise ValueError(f"simplex: gamma must lie in [0, 1], got {a['gamma']!r}")
+        with self.naming_the_loss():
+            backends.check_name(a["backend"])
+            if a["aggregator"] not in AGGREGATORS:
+                raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {a['aggregator']!r}")
+            check_int("num_negatives", a["num_negatives"], 1)
+            check_int("history_len", a["history_len"], 1)
+            # cosines lie in [-1, 1]: a margin outside makes the negatives' term constant
+            check_real("margin", a["margin"], low=-1.0, high=1.0)
+            check_real("negative_weight", a["negative_weight"])
+            check_real("gamma", a["gamma"], high=1.0)
+            if check_real("dropout", a["dropout"], high=1.0) == 1.0:
+                raise ValueError(f"dropout must lie in [0, 1), got {a['dropout']!r}")
         dim = model.dim
         self.W_v = nn.Linear(dim, dim, bias=False)
         nn.init.xavier_normal_(self.W_v.weight)

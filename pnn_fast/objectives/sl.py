@@ -28,7 +28,6 @@ and is meant for tests.
 """
 from __future__ import annotations
 
-import contextlib
 
 from typing import ClassVar
 
@@ -51,14 +50,6 @@ class SampledCosineObjective(Objective):
         super().__init__(known, model, **args)
         with self.naming_the_loss():
             self.loss_fn = self.LOSS(known, **self.loss_args(args), validate=False, sparse=self.sparse)
-
-    @contextlib.contextmanager
-    def naming_the_loss(self):
-        """A bad argument's one-line error, prefixed with the loss it was given to (as ``--loss-arg``)."""
-        try:
-            yield
-        except (TypeError, ValueError) as err:
-            raise type(err)(f"loss {self.name!r}: {err}") from None
 
     def loss_args(self, given: dict) -> dict:
         """The module's keyword arguments, from ``self.args`` (``given``: the ones set explicitly)."""
