@@ -51,7 +51,11 @@ CASES = {**{name: (name, {}) for name in sorted(OBJECTIVES)},
          # SL@K refreshing its quantile every epoch: the cost of the epochs that refresh
          "psl-800": ("psl", {"num_negatives": 800}),
          "slatk-800": ("slatk", {"num_negatives": 800}),
-         "slatk-800-refresh": ("slatk", {"num_negatives": 800, "quantile_every": 1})}
+         "slatk-800-refresh": ("slatk", {"num_negatives": 800, "quantile_every": 1}),
+         # the negatives that large catalogs use (issue 69): one pool of 800 for the batch, and that pool
+         # beside the batch's positives with the logQ correction, against SL's 800 draws a row
+         "sl-pool": ("sl", {"shared_negatives": True}),
+         "sl-mixed-logq": ("sl", {"shared_negatives": True, "in_batch_negatives": True, "logq": True})}
 SELECTED = [name for name in os.environ.get("BENCH_LOSSES", ",".join(CASES)).split(",") if name]
 
 
