@@ -30,7 +30,8 @@ at::Tensor rows_contain_cpu(const at::Tensor& indptr, const at::Tensor& indices,
     for (int64_t b = begin; b < end; ++b) {
       int64_t first = 0, count = 0;
       clamped_row_span(ptr, row[b], nnz, first, count);
-      for (int64_t k = b * per_row; k < (b + 1) * per_row; ++k) out[k] = sorted_contains(sorted + first, count, column[k]);
+      const int64_t* row_columns = column + b * in.column_row_stride;
+      for (int64_t k = 0; k < per_row; ++k) out[b * per_row + k] = sorted_contains(sorted + first, count, row_columns[k]);
     }
   });
   return found;

@@ -61,6 +61,24 @@ def test_matches_the_definition_and_the_reference(device, num_rows, num_cols, ba
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pool_size", [1, 5, 300])
+def test_a_list_shared_by_every_row_is_read_in_place(device, pool_size):
+    """SL's pool: one list expanded to every row (stride 0), read where it lies; the same answer as
+    the list copied into each row."""
+    csr = random_rows(300, 2000, seed=3)
+    rows, columns = queries(csr, 64, pool_size, seed=4)
+    pool = columns[0].to(device)
+    shared = pool.expand(rows.numel(), -1)
+    assert shared.stride(0) == 0
+    got = ops.rows_contain(csr.to(device), rows.to(device), shared)
+    want = by_definition(csr, rows, shared.cpu().contiguous())
+    assert torch.equal(got.cpu(), want)
+    assert torch.equal(ops.rows_contain(csr.to(device), rows.to(device), shared.contiguous()).cpu(), want)
+    if pool_size > 1:
+        assert want.any() and not want.all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty_inputs(device):
     csr = random_rows(5, 10, seed=1).to(device)
     no_columns = torch.zeros(3, 0, dtype=torch.int64, device=device)
