@@ -103,10 +103,12 @@ def check_real(name: str, value, *, low: float = 0.0, high: float = math.inf, lo
     if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
             or not (low < value if low_open else low <= value) or value > high):
         if high < math.inf:
-            bounds = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+            bounds = f" in {'(' if low_open else '['}{low:g}, {high:g}]"
+        elif low > -math.inf:
+            bounds = f" {'>' if low_open else '>='} {low:g}"
         else:
-            bounds = f"{'>' if low_open else '>='} {low:g}"
-        raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
+            bounds = ""
+        raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}")
     return float(value)
 
 

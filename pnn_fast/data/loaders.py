@@ -14,7 +14,6 @@ Processing order (RecBole's, so that ``split="rs"`` follows the paper's protocol
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._checks import check_real
 from .dataset import Dataset
 from .parsers import RawInteractions, read_atomic_inter, read_csv, read_lightgcn, read_movielens_dat
 from .split import normalized_ratios, random_share_by_user, random_split_by_user
@@ -100,9 +100,8 @@ def load_dataset(
     if len(ratios) != 3:
         raise ValueError(f"ratios must be (train, valid, test), got {tuple(ratios)}")
     ratios = normalized_ratios(ratios)
-    if rating_threshold is not None and (isinstance(rating_threshold, bool) or not isinstance(rating_threshold, numbers.Real)
-                                         or not math.isfinite(rating_threshold)):
-        raise ValueError(f"rating_threshold must be a finite number, got {rating_threshold!r}")
+    if rating_threshold is not None:
+        check_real("rating_threshold", rating_threshold, low=-math.inf)
     if isinstance(kcore, bool) or not isinstance(kcore, int) or kcore < 0:
         raise ValueError(f"kcore must be an int >= 0, got {kcore!r}")
     if isinstance(hide_train_share, bool) or not isinstance(hide_train_share, (int, float)) \

@@ -28,7 +28,6 @@ and is meant for tests.
 """
 from __future__ import annotations
 
-
 from typing import ClassVar
 
 import torch
