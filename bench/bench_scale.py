@@ -15,7 +15,8 @@ told they are unknown items, ``candidates_unknown=True``, as its trainer objecti
 draws its own 8 + 8 in the step, as it does in training). ``plain`` is the floor a loss
 cannot go below on the dense path: ``index_select`` of the users' rows and of each row's positive
 and 8 uniform negatives, their dot products, a log-sum-exp and ``backward()``, whose item gradient
-is a dense [I, d] table. ``mf-adam`` and ``mf-sparse-adam`` are a whole MF training step with BPR
+is a dense [I, d] table; ``plain-sl`` is the same step with SL's 800 draws a row, the floor of the
+rows that SL reads (a [B, 801, d] gather, which SL's fused path never builds). ``mf-adam`` and ``mf-sparse-adam`` are a whole MF training step with BPR
 (loss, backward, optimiser): dense ``torch.optim.Adam`` over both tables against
 ``torch.optim.SparseAdam`` with ``sparse=True`` gradients, which update only the rows the step read.
 
@@ -50,9 +51,12 @@ from pnn_fast.known import KnownPositives  # noqa: E402
 from pnn_fast.sampling import sample_unknown  # noqa: E402
 
 NUM_USERS, NUM_PAIRS, DIM = 100_000, 2_000_000, 64
-LOSSES = ("plain", "bpr", "dns", "sl", "pnn", "preset", "mf-adam", "mf-sparse-adam")
+LOSSES = ("plain", "plain-sl", "bpr", "dns", "sl", "pnn", "preset", "mf-adam", "mf-sparse-adam")
 #: the negatives drawn before the step, per row
-NEGATIVES = {"plain": 8, "bpr": 1, "dns": 8, "sl": 800, "mf-adam": 1, "mf-sparse-adam": 1}
+NEGATIVES = {"plain": 8, "plain-sl": 800, "bpr": 1, "dns": 8, "sl": 800, "mf-adam": 1, "mf-sparse-adam": 1}
+#: the plain step that gathers the rows a loss reads, whose growth with the catalog is the loss's floor
+FLOOR = {"sl": "plain-sl", "plain-sl": "plain-sl"}
+DENSE_ONLY = ("plain", "plain-sl", "mf-adam", "mf-sparse-adam")
 
 
 def power_law_problem(num_items: int, batch: int, seed: int = 0) -> dict:
@@ -94,7 +98,7 @@ def make_step(name: str, p: dict, sparse: bool):
     def step():
         release()
         torch.manual_seed(2)  # the preset's draws and PNN's noise and history: the same in every mode
-        if name == "plain":
+        if name in ("plain", "plain-sl"):
             rows = torch.cat([pos[:, None], neg], 1)
             scores = (user_table.index_select(0, users)[:, None, :]
                       * item_table.index_select(0, rows.reshape(-1)).view(*rows.shape, DIM)).sum(-1)
@@ -197,7 +201,7 @@ def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_u
             print(f"{num_items:>9,} eval: {result['users_per_s']:.1f} users/s, floor "
                   f"{result['floor_users_per_s']:.1f} users/s", flush=True)
         for name in losses:
-            modes = (False,) if name in ("plain", "mf-adam", "mf-sparse-adam") else (False, True)
+            modes = (False,) if name in DENSE_ONLY else (False, True)
             if True in modes:
                 check_sparse_matches_dense(name, p)
             for sparse in modes:
@@ -217,27 +221,32 @@ def _mb(value) -> str:
 
 def table(rows: list[dict]) -> str:
     """Markdown: ms per step at each catalog size, and from the reference size (100k items where it
-    was measured, else the smallest) to the largest: the growth and the ms added, beside plain's."""
+    was measured, else the smallest) to the largest: the growth and the ms added, beside its floor's
+    (FLOOR: the plain step that gathers the same rows)."""
     sizes = sorted({r["items"] for r in rows})
     reference = 100_000 if 100_000 in sizes else sizes[0]
     evals = {r["items"]: r for r in rows if r["loss"] == "eval"}
     rows = [r for r in rows if r["loss"] != "eval"]
     keys = list(dict.fromkeys((r["loss"], r["sparse"]) for r in rows))
     ms = {(r["loss"], r["sparse"], r["items"]): r["median_s"] * 1e3 for r in rows}
-    plain_added = ms.get(("plain", False, sizes[-1]), float("nan")) - ms.get(("plain", False, reference), float("nan"))
+
+    def added_by(loss, sparse):
+        return ms.get((loss, sparse, sizes[-1]), float("nan")) - ms.get((loss, sparse, reference), float("nan"))
     peaks = {(r["loss"], r["sparse"], r["items"]): r.get("peak_mb") for r in rows}
     head = ["step", "gradient"] + [f"{n:,} items (ms)" for n in sizes] + [
-        f"{sizes[-1]:,} / {reference:,}", "ms added", "added / plain's added"] + [
+        f"{sizes[-1]:,} / {reference:,}", "ms added", "floor", "added / floor's added"] + [
         f"peak MB at {n:,}" for n in sizes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for loss, sparse in keys:
         times = [ms[(loss, sparse, n)] for n in sizes]
         base = ms[(loss, sparse, reference)]
         added = times[-1] - base
-        ratio = added / plain_added if plain_added > 0 else float("nan")
+        floor = FLOOR.get(loss, "plain")
+        floor_added = added_by(floor, False)
+        ratio = added / floor_added if floor_added > 0 else float("nan")
         grad = "sparse" if sparse or loss == "mf-sparse-adam" else "dense"
         lines.append(f"| {loss} | {grad} | " + " | ".join(f"{t:,.1f}" for t in times)
-                     + f" | {times[-1] / base:.2f} | {added:,.0f} | {ratio:.2f} | "
+                     + f" | {times[-1] / base:.2f} | {added:,.0f} | {floor} | {ratio:.2f} | "
                      + " | ".join(_mb(peaks[(loss, sparse, n)]) for n in sizes) + " |")
     if evals:
         lines += ["", "| items | eval users/s | floor users/s | floor / measured | peak MB |", "|---|---|---|---|---|"]

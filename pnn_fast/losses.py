@@ -442,9 +442,10 @@ def cosine_scores(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: 
 
     Args:
         user_rows: float [B, d]; item_table: float [I, d], same dtype and device (neither normalised).
-        pos_items: int [B]. neg_items: int [B, K], each row's own draws, scored by ``gathered_dots``
-            against the unit table (nothing of size [B, K, d] is built); or int [M], one pool shared
-            by the batch, scored as one product [B, d] x [d, M] of the B + M unit rows it reads.
+        pos_items: int [B]. neg_items: int [B, K], each row's own draws, scored with the positive by
+            one ``gathered_dots`` that normalises each row it reads (nothing of size [B, K, d] is built,
+            and the table is never normalised as a whole); or int [M], one pool shared by the batch,
+            scored as one product [B, d] x [d, M] of the B + M unit rows it reads.
         known_in_pool: bool [B, M], with a pool only: which draws are known items of the row's user.
         backend: whose ``unit_rows`` and ``gathered_dots`` compute.
     """
@@ -454,11 +455,9 @@ def cosine_scores(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: 
         pos_unit = impl.unit_rows(item_table.index_select(0, pos_items))
         pool_unit = impl.unit_rows(item_table.index_select(0, neg_items))
         return CosineScores((user_unit * pos_unit).sum(dim=-1), user_unit @ pool_unit.T, known_in_pool)
-    # normalising the whole [I, d] table once costs far less than normalising B x K gathered rows
-    # (with sparse=True the table is already the batch's rows)
-    item_unit = impl.unit_rows(item_table)
-    positive = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1)
-    return CosineScores(positive, impl.gathered_dots(user_unit, item_unit, neg_items))
+    # one call for the positive and the draws: a second would add a second dense [I, d] gradient
+    cosines = impl.gathered_dots(user_unit, item_table, torch.cat([pos_items[:, None], neg_items], 1), unit_table=True)
+    return CosineScores(cosines[:, 0], cosines[:, 1:])
 
 
 def masked_logsumexp(logits: torch.Tensor, excluded: Optional[torch.Tensor]) -> torch.Tensor:

@@ -18,12 +18,12 @@ from batches import requires_kernels
 from test_sparse import DIM, _problem
 
 LOSSES = {
-    "sl": (lambda known, backend: SampledSoftmaxLoss(known, num_negatives=9, backend=backend), "unit_rows_bwd"),
+    "sl": (lambda known, backend: SampledSoftmaxLoss(known, num_negatives=9, backend=backend), "gathered_dots_bwd"),
     "pnn": (lambda known, backend: PNNLoss(known, DIM, backend=backend, lambda_mode="fixed"), "_bwd"),
     "bpr": (lambda known, backend: BPRLoss(backend=backend), "embedding_bpr_bwd"),
-    "bsl": (lambda known, backend: BilateralSoftmaxLoss(known, num_negatives=9, backend=backend), "unit_rows_bwd"),
-    "psl": (lambda known, backend: PairwiseSoftmaxLoss(known, num_negatives=9, backend=backend), "unit_rows_bwd"),
-    "slatk": (lambda known, backend: SoftmaxLossAtK(known, k=3, num_negatives=9, backend=backend), "unit_rows_bwd"),
+    "bsl": (lambda known, backend: BilateralSoftmaxLoss(known, num_negatives=9, backend=backend), "gathered_dots_bwd"),
+    "psl": (lambda known, backend: PairwiseSoftmaxLoss(known, num_negatives=9, backend=backend), "gathered_dots_bwd"),
+    "slatk": (lambda known, backend: SoftmaxLossAtK(known, k=3, num_negatives=9, backend=backend), "gathered_dots_bwd"),
 }
 
 

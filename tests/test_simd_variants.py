@@ -57,8 +57,9 @@ for n, dim in ((203, 19), (130, 64)):
 table = torch.randn(300, 45, generator=torch.Generator().manual_seed(6)).requires_grad_()
 rows = torch.randn(50, 45, generator=torch.Generator().manual_seed(7)).requires_grad_()
 ids = torch.randint(0, 300, (50, 33), generator=torch.Generator().manual_seed(8))
-dots = ops.gathered_dots(rows, table, ids)
-out["gathered_dots"] = [dots, *torch.autograd.grad((dots * dots).sum(), (rows, table))]
+for unit_table in (False, True):
+    dots = ops.gathered_dots(rows, table, ids, unit_table=unit_table)
+    out[f"gathered_dots{'_unit' if unit_table else ''}"] = [dots, *torch.autograd.grad((dots * dots).sum(), (rows, table))]
 g = torch.Generator().manual_seed(9)
 excluded = torch.rand(40, 3001, generator=g) < 0.1
 scores = torch.randn(40, 3001, generator=g) + 2.0 * excluded  # excluded items on top, as when trained

@@ -230,13 +230,15 @@ def history_sample(known: KnownPositives, users: torch.Tensor, uniform: torch.Te
     return torch.where(valid, items, torch.full_like(items, -1))
 
 
-def gathered_dots(rows: torch.Tensor, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """out[b, k] = <rows[b], table[ids[b, k]]>: rows float [B, d], table float [n, d], ids int [B, K] -> [B, K].
+def gathered_dots(rows: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, unit_table: bool = False) -> torch.Tensor:
+    """out[b, k] = <rows[b], table[ids[b, k]]>, or with ``unit_table`` <rows[b], unit_rows(table[ids[b, k]])>:
+    rows float [B, d], table float [n, d], ids int [B, K] -> [B, K].
 
     Products and a sum rather than einsum: on the CPU, einsum's bmm of B tiny [K, d] x [d, 1]
     matrices costs several times the memory traffic of the gather itself.
     """
-    return (gather_rows(table, ids) * rows[:, None, :]).sum(dim=-1)
+    gathered = gather_rows(table, ids)
+    return ((unit_rows(gathered) if unit_table else gathered) * rows[:, None, :]).sum(dim=-1)
 
 
 def lowest_k_mask(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
