@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,32 @@ class UserAwareAttention(nn.Module):
     def w2(self) -> torch.Tensor:
         return F.softplus(self.raw_w2)
 
+    def sample(self, known: KnownPositives, users: torch.Tensor, backend: str = "auto") -> "AttentionHistory":
+        """The histories of one step: one sample per distinct user of ``users`` (int [B]), shared by
+        that user's rows, drawn by ``backend`` (as :func:`pnn_fast.backends.select`) from the global
+        random stream."""
+        # drawn at every position of the sorted users, each row reading its user's first (the draws
+        # past a run's first go unused)
+        sorted_users, row_of = user_runs(users)
+        items, mask = sample_history(known, sorted_users, self.history_len, backend)
+        return AttentionHistory(items, mask, row_of)
+
+    def weights(self, user_emb: torch.Tensor, table: torch.Tensor, history: "AttentionHistory",
+                backend: str = "auto") -> torch.Tensor:
+        """lambda per row, float [B] in (0, 1), from ``history`` (:meth:`sample`) whose ``items`` are rows
+        of ``table`` float [n, d]: the item table, or a compact table of the step's rows that holds
+        them (:mod:`pnn_fast.compact`). Every row of ``table`` gets a key, so a caller gathers first
+        when the catalog outweighs the history (as :meth:`forward` does)."""
+        impl = backends.select(backend, user_emb.device)
+        # the key and <e_h, w1> depend on the item only: evaluate them once per row of the table
+        keys = torch.tanh(table @ self.w2.T.to(table.dtype) + self.bias.to(table.dtype))
+        slots = history.items[history.row_of]  # [B, L]: each row's history as rows of the table
+        logits = impl.gathered_dots(user_emb, keys, slots).masked_fill(~history.mask[history.row_of], float("-inf"))
+        weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
+        # w1 . sum_l a_l e_l = sum_l a_l (e_l . w1): a weighted sum of scalars, not of [d] rows
+        along_w1 = gather_rows(table @ self.w1.to(table.dtype), slots)  # [B, L]
+        return torch.sigmoid((weights * along_w1).sum(dim=1) / self.temperature)
+
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                 known: KnownPositives, backend: str = "auto", sparse: bool = False) -> torch.Tensor:
         """lambda per row: float [B] in (0, 1); e_u is each row's own user embedding.
@@ -73,25 +100,28 @@ class UserAwareAttention(nn.Module):
         sample per distinct user of the batch, shared by that user's rows; ``backend`` (as
         :func:`pnn_fast.backends.select`) samples it and computes the logits; ``sparse`` as
         :class:`pnn_fast.PNNLoss`'s (no [I]-sized tensor, a sparse gradient of ``item_table``).
+        :class:`pnn_fast.PNNLoss` calls :meth:`sample` and :meth:`weights` itself, to gather the
+        history with its other rows into one table (one gradient).
         """
-        impl = backends.select(backend, user_emb.device)
-        # one sample per distinct user: drawn at every position of the sorted users, each row reading
-        # its user's first (the draws past a run's first go unused)
-        sorted_users, row_of = user_runs(users)
-        items, mask = sample_history(known, sorted_users, self.history_len, backend)
-        # the key and <e_h, w1> depend on the item only: evaluate them once per item
-        if sparse or item_table.shape[0] > items.numel():
+        history = self.sample(known, users, backend)
+        table = item_table
+        if sparse or item_table.shape[0] > history.items.numel():
             # a catalog larger than the history's slots: the history's rows, gathered by a sort (the
-            # empty slots hold item 0 and are masked below); sized by the slots, so no host read,
-            # except with ``sparse``, whose gradient must name each row once
-            hist_rows, _, (hist_of,), _ = compact_items(item_table, [items], sparse=sparse,
-                                                        size=None if sparse else items.numel())
-        else:  # a catalog no larger than the slots: every item's key costs no more than the slots'
-            hist_rows, hist_of = item_table, items
-        keys = torch.tanh(hist_rows @ self.w2.T.to(item_table.dtype) + self.bias.to(item_table.dtype))
-        slots = hist_of[row_of]  # [B, L]: each row's history as rows of hist_rows
-        logits = impl.gathered_dots(user_emb, keys, slots).masked_fill(~mask[row_of], float("-inf"))
-        weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # a user with no history gets weight 0
-        # w1 . sum_l a_l e_l = sum_l a_l (e_l . w1): a weighted sum of scalars, not of [d] rows
-        along_w1 = gather_rows(hist_rows @ self.w1.to(hist_rows.dtype), slots)  # [B, L]
-        return torch.sigmoid((weights * along_w1).sum(dim=1) / self.temperature)
+            # empty slots hold item 0 and are masked); sized by the slots, so no host read, except
+            # with ``sparse``, whose gradient must name each row once
+            table, _, (items,), _ = compact_items(item_table, [history.items], sparse=sparse,
+                                                  size=None if sparse else history.items.numel())
+            history = history._replace(items=items)
+        return self.weights(user_emb, table, history, backend)
+
+
+class AttentionHistory(NamedTuple):
+    """One step's histories (:meth:`UserAwareAttention.sample`).
+
+    Attributes: items: int64 [n, L], up to L known items of each of the n positions of the sorted
+    users, as rows of a table (item ids, or rows of a compact table once renamed); mask: bool [n, L],
+    the filled slots (empty ones hold 0); row_of: int64 [B], each batch row's position in items.
+    """
+    items: torch.Tensor
+    mask: torch.Tensor
+    row_of: torch.Tensor

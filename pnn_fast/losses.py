@@ -188,8 +188,12 @@ class PNNLoss(_ChecksInputs, nn.Module):
             candidates = gather_ids(pos_items)
         if noise is None:
             noise = (torch.rand_like(user_emb) * self.noise_max, torch.rand_like(user_emb) * self.noise_max)
+        # the attention's histories are drawn here, after the noise as before, so that they join the
+        # step's other rows in one gather: one item gradient rather than two
+        history = None if self.attention is None else self.attention.sample(known, users, self.backend)
         table, lookup = item_table, None
         ids = [pos_items, candidates] + ([] if hard_candidates is None else [hard_candidates])
+        ids += [] if history is None else [history.items]
         # the lookup of known items reads each row's known items: about B x the mean count
         lookup_reads = 0 if drawn_here else users.numel() * known.nnz / max(known.num_users, 1)
         if self.sparse or _catalog_outweighs(item_table, ids, lookup_reads):
@@ -201,6 +205,7 @@ class PNNLoss(_ChecksInputs, nn.Module):
             lookup = RowLookup(known.without_items, users) if drawn_here else lookup
             pos_items, candidates = renamed[0], renamed[1]
             hard_candidates = None if hard_candidates is None else renamed[2]
+            history = None if history is None else history._replace(items=renamed[-1])
         terms = impl.pnn_row_terms(user_emb, table, users, pos_items, candidates, known,
                                    self.neg_size, noise[0], noise[1], hard_candidates=hard_candidates,
                                    candidates_unknown=drawn_here, lookup=lookup)
@@ -216,7 +221,7 @@ class PNNLoss(_ChecksInputs, nn.Module):
                 uniform = (uniform + self._uniformity(impl, user_emb[rows.order], rows.first)) / 2
 
         if self.attention is not None:
-            lam = self.attention(user_emb, item_table, users, known, self.backend, sparse=self.sparse)
+            lam = self.attention.weights(user_emb, table, history, self.backend)
             if self.lambda_range is not None:
                 low, high = self.lambda_range
                 lam = low + (high - low) * lam
