@@ -125,11 +125,14 @@ TORCH_LIBRARY(pnn_fast, m) {
   m.def("gathered_norm_fwd(Tensor table, Tensor ids) -> Tensor");
   // grad_table [n, d] given the 0-dim grad and the forward's output
   m.def("gathered_norm_bwd(Tensor grad, Tensor table, Tensor ids, Tensor output) -> Tensor");
-  // [B, K]: <rows[b], table[ids[b, k]]> (the attention's logits), or with unit_table
-  // <rows[b], table[ids[b, k]] / max(||table[ids[b, k]]||, 1e-12)> (sampled softmax's cosines), in rows' dtype
-  m.def("gathered_dots_fwd(Tensor rows, Tensor table, Tensor ids, bool unit_table) -> Tensor");
-  // (grad_rows [B, d], grad_table [n, d]) given grad [B, K]
-  m.def("gathered_dots_bwd(Tensor grad, Tensor rows, Tensor table, Tensor ids, bool unit_table) -> (Tensor, Tensor)");
+  // (output [B, K] in rows' dtype, squared_norms): output <rows[b], table[ids[b, k]]> (the attention's
+  // logits), or with unit_table <rows[b], table[ids[b, k]] / max(||table[ids[b, k]]||, 1e-12)> (sampled
+  // softmax's cosines), whose backward reads the rows' squared norms, [B, K] in the accumulation dtype
+  // ([0] without unit_table)
+  m.def("gathered_dots_fwd(Tensor rows, Tensor table, Tensor ids, bool unit_table) -> (Tensor, Tensor)");
+  // (grad_rows [B, d], grad_table [n, d]) given grad [B, K] and the forward's outputs
+  m.def("gathered_dots_bwd(Tensor grad, Tensor rows, Tensor table, Tensor ids, Tensor output, "
+        "Tensor squared_norms, bool unit_table) -> (Tensor, Tensor)");
   // [n, d] in x's dtype: x / max(||x||, 1e-12) row by row, F.normalize(x, dim=-1)
   m.def("unit_rows_fwd(Tensor x) -> Tensor");
   // grad_x [n, d] given grad [n, d]

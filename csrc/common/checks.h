@@ -373,6 +373,15 @@ inline void check_gathered_dots(const char* op, const at::Tensor& rows, const at
   check_tensor(op, rows, ids, "ids", at::kLong, {rows.size(0), -1}, "rows");
 }
 
+// gathered_dots' forward state under unit_table, for its backward: output [B, K] in rows' dtype and
+// squared_norms [B, K] in the accumulation dtype; returns output, contiguous.
+inline at::Tensor checked_unit_dot_state(const char* op, const at::Tensor& rows, const at::Tensor& output,
+                                         const at::Tensor& squared_norms, int64_t B, int64_t K) {
+  check_tensor(op, rows, output, "output", rows.scalar_type(), {B, K}, "rows");
+  check_tensor(op, rows, squared_norms, "squared_norms", opmath_dtype(rows.scalar_type()), {B, K}, "rows");
+  return output.contiguous();
+}
+
 // Contiguous, checked inputs of class_terms: float [B, d] user_emb, pos_emb, neutral, negative,
 // noise_pos and noise_neg of one dtype and device, bool [B] valid, int64 [B] num_negative.
 struct ClassTermsInputs {

@@ -374,10 +374,10 @@ PNN_HD_FORCE_INLINE acc_t unit_row_grad_entry(const UnitRowBackward<acc_t>& c, a
 }
 
 // gathered_dots with unit_table: y = <r, v / D(v)> for a gathered table row v, so that a cosine needs
-// no unit copy of the table (a table-sized pass each way).  Forward y = <r, v> / D.  Backward, given
-// dy: dr = dy v / D, and dv is unit_rows' backward of the unit row's gradient dy r, whose <., v> is
-// dy <r, v>; so each (b, k) needs only ||v||^2 and <r, v>, and
-//   dr += scale v,   dv_i = scale r_i - radial v_i.
+// no unit copy of the table (a table-sized pass each way).  Forward y = <r, v> / D, keeping ||v||^2.
+// Backward, given dy: dr = dy v / D, and dv is unit_rows' backward of the unit row's gradient dy r,
+// whose <., v> is dy <r, v> = dy y D; so from the forward's y and ||v||^2 alone,
+//   dr += scale v,   dv = scale r - radial v.
 template <typename acc_t>
 PNN_HD inline acc_t unit_dot(acc_t dot_rv, acc_t squared_norm) {
   return dot_rv * (acc_t(1) / unit_row_denominator(squared_norm));
@@ -386,13 +386,13 @@ PNN_HD inline acc_t unit_dot(acc_t dot_rv, acc_t squared_norm) {
 template <typename acc_t>
 struct UnitDotBackward {
   acc_t scale;   // dy / D
-  acc_t radial;  // unit_rows' radial term of dy r
+  acc_t radial;  // dy y / D^2, or 0 below eps (as unit_row_backward's)
 };
 
 template <typename acc_t>
-PNN_HD inline UnitDotBackward<acc_t> unit_dot_backward(acc_t dy, acc_t dot_rv, acc_t squared_norm) {
-  const UnitRowBackward<acc_t> c = unit_row_backward(squared_norm, dy * dot_rv);
-  return {dy * c.inv_denom, c.radial};
+PNN_HD inline UnitDotBackward<acc_t> unit_dot_backward(acc_t dy, acc_t y, acc_t squared_norm) {
+  const acc_t inv = acc_t(1) / unit_row_denominator(squared_norm);
+  return {dy * inv, sqrt_(squared_norm) >= acc_t(kNormEps) ? dy * y * inv * inv : acc_t(0)};
 }
 
 // Entry k of the clamp gap z_pos * p / D(p) - z_neg * c_neg / D(c_neg), given 1 / D(p) and 1 / D(c_neg)

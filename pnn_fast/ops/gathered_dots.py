@@ -22,25 +22,32 @@ def gathered_dots(rows: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, un
     _extension.require_kernels(rows.device)
     check_same("rows", rows, [("table", table)], dtype=True)
     check_same("rows", rows, [("ids", ids)], dtype=False)
-    return OPS.gathered_dots_fwd.default(rows, table, ids.long(), bool(unit_table))
+    return OPS.gathered_dots_fwd.default(rows, table, ids.long(), bool(unit_table))[0]
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @torch.library.register_fake("pnn_fast::gathered_dots_fwd")
 def _(rows, table, ids, unit_table):
-    return rows.new_empty(rows.shape[0], ids.shape[1])
+    norms = (rows.shape[0], ids.shape[1]) if unit_table else (0,)
+    return rows.new_empty(rows.shape[0], ids.shape[1]), rows.new_empty(norms, dtype=_accumulation_dtype(rows.dtype))
 
 
 @torch.library.register_fake("pnn_fast::gathered_dots_bwd")
-def _(grad, rows, table, ids, unit_table):
+def _(grad, rows, table, ids, output, squared_norms, unit_table):
     return rows.new_empty(rows.shape), table.new_empty(table.shape)
 
 
 def _dots_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3])
+    # the backward of the unit rows reads the forward's output and each row's squared norm
+    ctx.save_for_backward(*inputs[:3], *output)
+    ctx.mark_non_differentiable(output[1])
     ctx.unit_table = inputs[3]
 
 
-def _dots_backward(ctx, grad):
+def _dots_backward(ctx, grad, _grad_squared_norms):
     grad_rows, grad_table = OPS.gathered_dots_bwd.default(grad, *ctx.saved_tensors, ctx.unit_table)
     return (grad_rows if ctx.needs_input_grad[0] else None, grad_table if ctx.needs_input_grad[1] else None, None, None)
 

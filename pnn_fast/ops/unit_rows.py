@@ -1,5 +1,5 @@
 """pnn_fast::unit_rows_fwd / _bwd: every row of a table scaled to unit length, F.normalize(x, dim=-1)
-in one pass forward and one backward (sampled softmax's cosine scores over the whole item table)."""
+in one pass forward and one backward (the user rows of the cosine losses; SimpleX's item table)."""
 from __future__ import annotations
 
 import torch

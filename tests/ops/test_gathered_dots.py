@@ -88,9 +88,22 @@ def opcheck_cases(device: str) -> list:
     table = torch.randn(20, 3, dtype=torch.float64, generator=gen).to(device)
     ids = torch.randint(20, (4, 2), generator=gen).to(device)
     grad = torch.randn(4, 2, dtype=torch.float64, generator=gen).to(device)
+    forward = torch.ops.pnn_fast.gathered_dots_fwd.default
     return [case for unit_table in (False, True) for case in [
-        (torch.ops.pnn_fast.gathered_dots_fwd.default, [rows, table, ids, unit_table]),
-        (torch.ops.pnn_fast.gathered_dots_fwd.default, [rows.clone().requires_grad_(),
-                                                        table.clone().requires_grad_(), ids, unit_table]),
-        (torch.ops.pnn_fast.gathered_dots_bwd.default, [grad, rows, table, ids, unit_table]),
+        (forward, [rows, table, ids, unit_table]),
+        (forward, [rows.clone().requires_grad_(), table.clone().requires_grad_(), ids, unit_table]),
+        (torch.ops.pnn_fast.gathered_dots_bwd.default,
+         [grad, rows, table, ids, *forward(rows, table, ids, unit_table), unit_table]),
     ]]
+
+
+def test_gathered_dots_backward_refuses_a_forward_state_of_the_wrong_shape():
+    """With unit_table the backward reads the forward's output and squared norms: a mismatch is named."""
+    rows, table = torch.randn(4, 3, dtype=torch.float64), torch.randn(20, 3, dtype=torch.float64)
+    ids, grad = torch.randint(20, (4, 2)), torch.randn(4, 2, dtype=torch.float64)
+    output, squared_norms = torch.ops.pnn_fast.gathered_dots_fwd.default(rows, table, ids, True)
+    assert squared_norms.shape == (4, 2)
+    with pytest.raises(RuntimeError, match="squared_norms"):
+        torch.ops.pnn_fast.gathered_dots_bwd.default(grad, rows, table, ids, output, squared_norms[:, :1], True)
+    with pytest.raises(RuntimeError, match="output"):
+        torch.ops.pnn_fast.gathered_dots_bwd.default(grad, rows, table, ids, output.float(), squared_norms, True)
