@@ -440,6 +440,14 @@ class CosineScores(NamedTuple):
         return masked_logsumexp(logits, self.excluded)
 
 
+#: Up to this many item-table rows per draw, :func:`cosine_scores` normalises the whole table once
+#: (``unit_rows``: a pass over its rows each way, and a second [I, d] gradient); above, it normalises
+#: each gathered row inside the product (``gathered_dots(unit_table=True)``: a squared norm and a
+#: backward share per draw). One CPU thread, B = 8192, K = 800 (bench/README.md, "Catalog scale"):
+#: in the product, 100k items took 1.16x as long and 2M items 0.73x; the costs cross near 1 / 29.
+TABLE_ROWS_PER_DRAW_TO_NORMALISE_ONCE = 1 / 32
+
+
 def cosine_scores(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
                   neg_items: torch.Tensor, known_in_pool: Optional[torch.Tensor] = None,
                   backend: str = "auto") -> CosineScores:
@@ -447,10 +455,11 @@ def cosine_scores(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: 
 
     Args:
         user_rows: float [B, d]; item_table: float [I, d], same dtype and device (neither normalised).
-        pos_items: int [B]. neg_items: int [B, K], each row's own draws, scored with the positive by
-            one ``gathered_dots`` that normalises each row it reads (nothing of size [B, K, d] is built,
-            and the table is never normalised as a whole); or int [M], one pool shared by the batch,
-            scored as one product [B, d] x [d, M] of the B + M unit rows it reads.
+        pos_items: int [B]. neg_items: int [B, K], each row's own draws, scored by ``gathered_dots``
+            (nothing of size [B, K, d] is built) against the unit table or, on a catalog large for
+            the draws (:data:`TABLE_ROWS_PER_DRAW_TO_NORMALISE_ONCE`), with the positive in one call
+            that normalises each row it reads; or int [M], one pool shared by the batch, scored as
+            one product [B, d] x [d, M] of the B + M unit rows it reads.
         known_in_pool: bool [B, M], with a pool only: which draws are known items of the row's user.
         backend: whose ``unit_rows`` and ``gathered_dots`` compute.
     """
@@ -460,6 +469,10 @@ def cosine_scores(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: 
         pos_unit = impl.unit_rows(item_table.index_select(0, pos_items))
         pool_unit = impl.unit_rows(item_table.index_select(0, neg_items))
         return CosineScores((user_unit * pos_unit).sum(dim=-1), user_unit @ pool_unit.T, known_in_pool)
+    if item_table.shape[0] <= neg_items.numel() * TABLE_ROWS_PER_DRAW_TO_NORMALISE_ONCE:
+        item_unit = impl.unit_rows(item_table)
+        positive = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1)
+        return CosineScores(positive, impl.gathered_dots(user_unit, item_unit, neg_items))
     # one call for the positive and the draws: a second would add a second dense [I, d] gradient
     cosines = impl.gathered_dots(user_unit, item_table, torch.cat([pos_items[:, None], neg_items], 1), unit_table=True)
     return CosineScores(cosines[:, 0], cosines[:, 1:])

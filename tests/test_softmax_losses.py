@@ -326,3 +326,20 @@ def test_slatk_refresh_checks_its_inputs_as_a_call_does(validate, call, message)
         call(loss_fn, user_rows, item_table, users)
         check_kernel_inputs()
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("loss_class", [SampledSoftmaxLoss, BilateralSoftmaxLoss, PairwiseSoftmaxLoss])
+def test_both_ways_of_normalising_the_items_agree(monkeypatch, backend, loss_class):
+    """cosine_scores normalises the whole item table once, or each gathered row inside the product on
+    a catalog large for the draws: the same loss and gradients either way."""
+    from pnn_fast import losses
+    known, users, pos, own, _, user_rows, item_table = _problem(3)
+    results = []
+    for rows_per_draw in (math.inf, 0.0):  # always the whole table; always inside the product
+        monkeypatch.setattr(losses, "TABLE_ROWS_PER_DRAW_TO_NORMALISE_ONCE", rows_per_draw)
+        user, table = user_rows.clone().requires_grad_(), item_table.clone().requires_grad_()
+        loss = loss_class(known, num_negatives=DRAWS, backend=backend)(user, table, users, pos, own)
+        results.append((loss.detach(), *torch.autograd.grad(loss, (user, table))))
+    for whole, inside in zip(*results):
+        torch.testing.assert_close(inside, whole, rtol=1e-10, atol=1e-12)
