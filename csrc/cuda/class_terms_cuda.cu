@@ -31,10 +31,11 @@ __global__ void class_terms_bwd_kernel(ClassTermsBatch<scalar_t> batch, const ac
                                        const acc_t* grad_constrain, scalar_t* grad_user, scalar_t* grad_pos,
                                        scalar_t* grad_neutral, scalar_t* grad_negative) {
   const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  if (b >= batch.rows) return;
+  const int lane = threadIdx.x % 32;
+  if (b >= batch.rows) return;  // a whole warp: blocks hold whole warps
   const int64_t at = b * batch.d;
-  class_terms_row_backward(batch.row(b), WarpRowSum{static_cast<int>(threadIdx.x % 32)}, grad_rank[b], grad_constrain[b], grad_user + at, grad_pos + at,
-                           grad_neutral + at, grad_negative + at);
+  class_terms_row_backward(batch.row(b), WarpRowSum{lane}, grad_rank[b], grad_constrain[b], grad_user + at,
+                           grad_pos + at, grad_neutral + at, grad_negative + at);
 }
 
 std::tuple<at::Tensor, at::Tensor> class_terms_fwd_cuda(const at::Tensor& user_emb, const at::Tensor& pos_emb,

@@ -28,8 +28,7 @@ at::Tensor rows_contain_cuda(const at::Tensor& indptr, const at::Tensor& indices
   at::Tensor found = at::empty(in.columns.sizes(), in.columns.options().dtype(at::kBool));
   launch_flat(rows_contain_kernel, in.columns.numel(), in.indptr.data_ptr<int64_t>(), in.indices.data_ptr<int64_t>(),
               in.rows.data_ptr<int64_t>(), in.columns.data_ptr<int64_t>(), in.column_row_stride, found.data_ptr<bool>(),
-              in.columns.size(0),
-              in.columns.size(1), in.indices.numel());
+              in.columns.size(0), in.columns.size(1), in.indices.numel());
   return found;
 }
 
