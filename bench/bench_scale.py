@@ -28,12 +28,15 @@ beside its floor: the users x items x d multiply-adds at the rate a cache-reside
 Before timing, every loss's sparse step is checked against its dense step (the loss and the
 densified gradient). The table gives the median of ``--rounds`` steps and, per catalog, the
 milliseconds each row adds over the smallest catalog, and each step's peak memory: the resident
-memory one more step takes above what the process held before it (:func:`peak_memory_mb`, Linux).
+memory one more step takes above what the process held before it (:func:`peak_memory_mb`, Linux),
+measured in a child process per catalog (:func:`peaks`), so that the timed steps run with glibc's
+own settings.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -177,21 +180,58 @@ def gemm_rate(rounds: int = 200) -> float:
     return rounds * 128 * 4096 * DIM / (time.perf_counter() - start)
 
 
-def eval_throughput(p: dict, num_users: int, rounds: int) -> dict:
-    """Users per second of full-ranking evaluation over the whole catalog, and its floor."""
+def evaluation(p: dict, num_users: int):
+    """A call of full-ranking evaluation over the whole catalog for ``num_users`` users."""
     gen = torch.Generator().manual_seed(4)
     num_items = p["item_table"].shape[0]
     users = torch.arange(num_users).repeat_interleave(5)
     truth = CSR.from_pairs(users, torch.randint(0, num_items, (users.numel(),), generator=gen), NUM_USERS, num_items)
-    run = lambda: evaluate(p["user_table"], p["item_table"], truth, [p["known"]], ks=(20,))  # noqa: E731
-    timing = time_step(run, torch.device("cpu"), rounds)
-    floor = gemm_rate() / (num_items * DIM)
-    return {**timing, "users_per_s": num_users / timing["median_s"], "floor_users_per_s": floor,
-            "peak_mb": peak_memory_mb(run)}
+    return lambda: evaluate(p["user_table"], p["item_table"], truth, [p["known"]], ks=(20,))
+
+
+def eval_throughput(p: dict, num_users: int, rounds: int) -> dict:
+    """Users per second of full-ranking evaluation over the whole catalog, and its floor."""
+    timing = time_step(evaluation(p, num_users), torch.device("cpu"), rounds)
+    floor = gemm_rate() / (p["item_table"].shape[0] * DIM)
+    return {**timing, "users_per_s": num_users / timing["median_s"], "floor_users_per_s": floor}
+
+
+def cases(losses: list[str]) -> list[tuple[str, bool]]:
+    """(loss, sparse) of every row: both gradients where a loss has both."""
+    return [(name, sparse) for name in losses for sparse in ((False,) if name in DENSE_ONLY else (False, True))]
+
+
+def peaks(num_items: int, batch: int, losses: list[str], eval_users: int) -> dict:
+    """Each case's peak MB (:func:`peak_memory_mb`) after one warm-up call, keyed "loss/dense|sparse"
+    and "eval". Run in a process of its own (``--peaks-of``): the fixed mmap threshold that makes the
+    resident set follow the live tensors also gives every large buffer fresh pages, which would slow
+    the timed steps."""
+    _return_freed_blocks()
+    p = power_law_problem(num_items, batch)
+    out = {}
+    if eval_users:
+        run = evaluation(p, eval_users)
+        run()
+        out["eval"] = peak_memory_mb(run)
+    for name, sparse in cases(losses):
+        step = make_step(name, p, sparse)
+        step()
+        out[f"{name}/{'sparse' if sparse else 'dense'}"] = peak_memory_mb(step, step.release)
+    return out
+
+
+def peaks_in_a_child(num_items: int, batch: int, losses: list[str], eval_users: int) -> dict:
+    command = [sys.executable, __file__, "--peaks-of", str(num_items), "--batch", str(batch),
+               "--eval-users", str(eval_users), "--losses", *losses]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_scale: the peak-memory child failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_users: int) -> list[dict]:
-    _return_freed_blocks()
+    """The timed rows in this process (glibc's own allocator settings, as in training), then each
+    catalog's peaks from a child (:func:`peaks`)."""
     rows = []
     for num_items in items:
         p = power_law_problem(num_items, batch)
@@ -200,18 +240,19 @@ def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_u
             rows.append({"items": num_items, "loss": "eval", "sparse": False, **result})
             print(f"{num_items:>9,} eval: {result['users_per_s']:.1f} users/s, floor "
                   f"{result['floor_users_per_s']:.1f} users/s", flush=True)
-        for name in losses:
-            modes = (False,) if name in DENSE_ONLY else (False, True)
-            if True in modes:
+        for name, sparse in cases(losses):
+            if sparse:
                 check_sparse_matches_dense(name, p)
-            for sparse in modes:
-                step = make_step(name, p, sparse)
-                timing = time_step(step, torch.device("cpu"), rounds)
-                peak = peak_memory_mb(step, step.release)  # after the timed rounds
-                rows.append({"items": num_items, "loss": name, "sparse": sparse, "batch": batch, **timing,
-                             "peak_mb": peak})
-                print(f"{num_items:>9,} {name:<15} {'sparse' if sparse else 'dense':<6} "
-                      f"{timing['median_s'] * 1e3:9.1f} ms, peak {_mb(peak)} MB", flush=True)
+            timing = time_step(make_step(name, p, sparse), torch.device("cpu"), rounds)
+            rows.append({"items": num_items, "loss": name, "sparse": sparse, "batch": batch, **timing})
+            print(f"{num_items:>9,} {name:<15} {'sparse' if sparse else 'dense':<6} "
+                  f"{timing['median_s'] * 1e3:9.1f} ms", flush=True)
+        del p
+        peak = peaks_in_a_child(num_items, batch, losses, eval_users)
+        for row in rows:
+            if row["items"] == num_items:
+                row["peak_mb"] = peak.get("eval" if row["loss"] == "eval" else
+                                          f"{row['loss']}/{'sparse' if row['sparse'] else 'dense'}")
     return rows
 
 
@@ -282,7 +323,12 @@ def main() -> None:
     parser.add_argument("--eval-users", type=int, default=512, help="users evaluated (0: no evaluation row)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--table-of", type=Path, metavar="JSON", help="print the table of a saved --json; run nothing")
+    parser.add_argument("--peaks-of", type=int, metavar="ITEMS", help=argparse.SUPPRESS)  # the peak-memory child
     args = parser.parse_args()
+    if args.peaks_of:
+        torch.set_num_threads(args.threads)
+        print(json.dumps(peaks(args.peaks_of, args.batch, args.losses, args.eval_users)))
+        return
     if args.table_of:
         print(table(json.loads(args.table_of.read_text())["rows"]))
         return
