@@ -444,7 +444,8 @@ class CosineScores(NamedTuple):
 #: (``unit_rows``: a pass over its rows each way, and a second [I, d] gradient); above, it normalises
 #: each gathered row inside the product (``gathered_dots(unit_table=True)``: a squared norm and a
 #: backward share per draw). One CPU thread, B = 8192, K = 800 (bench/README.md, "Catalog scale"):
-#: in the product, 100k items took 1.16x as long and 2M items 0.73x; the costs cross near 1 / 29.
+#: in the product, 100k items took 1.16x as long and 2M items 0.72x; from those two, the costs cross
+#: near one row per 29 draws (an estimate, not measured there).
 TABLE_ROWS_PER_DRAW_TO_NORMALISE_ONCE = 1 / 32
 
 

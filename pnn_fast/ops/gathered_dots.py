@@ -6,7 +6,7 @@ import torch
 
 from .. import _extension
 from .._checks import check_same
-from ._common import OPS
+from ._common import OPS, opmath_dtype
 
 
 def gathered_dots(rows: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, unit_table: bool = False) -> torch.Tensor:
@@ -25,14 +25,10 @@ def gathered_dots(rows: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, un
     return OPS.gathered_dots_fwd.default(rows, table, ids.long(), bool(unit_table))[0]
 
 
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 @torch.library.register_fake("pnn_fast::gathered_dots_fwd")
 def _(rows, table, ids, unit_table):
     norms = (rows.shape[0], ids.shape[1]) if unit_table else (0,)
-    return rows.new_empty(rows.shape[0], ids.shape[1]), rows.new_empty(norms, dtype=_accumulation_dtype(rows.dtype))
+    return rows.new_empty(rows.shape[0], ids.shape[1]), rows.new_empty(norms, dtype=opmath_dtype(rows.dtype))
 
 
 @torch.library.register_fake("pnn_fast::gathered_dots_bwd")
