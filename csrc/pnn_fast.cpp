@@ -143,6 +143,11 @@ TORCH_LIBRARY(pnn_fast, m) {
   // not excluded is an error (the evaluator's full ranking)
   m.def("masked_topk(Tensor scores, Tensor rows, Tensor[] exclude_indptr, Tensor[] exclude_indices, int k) "
         "-> (Tensor, Tensor)");
+  // (values [T, k] in user_rows' dtype, columns int64 [T, k]): masked_topk of user_rows @ item_table.T
+  // (user_rows [T, d], item_table [I, d]) without the [T, I] scores, items block_items at a time (0:
+  // the op's choice); CPU only (the evaluator's full ranking over large catalogs)
+  m.def("dot_topk(Tensor user_rows, Tensor item_table, Tensor rows, Tensor[] exclude_indptr, "
+        "Tensor[] exclude_indices, int k, int block_items) -> (Tensor, Tensor)");
   // bool [B, K]: whether columns[b, k] is among the indices of row rows[b] of a CSR (indptr, indices),
   // each row sorted ascending (the evaluator's relevance of the ranked items)
   m.def("rows_contain(Tensor indptr, Tensor indices, Tensor rows, Tensor columns) -> Tensor");

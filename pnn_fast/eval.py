@@ -32,15 +32,17 @@ has fewer than K candidate items and ``-inf`` entries fill the list.
 
 A NaN score at an item that is not excluded is an error (ValueError), not a silent rank.
 
-Cost: users are processed ``batch_size`` at a time.  Each batch is scored by products
+Cost: users are processed ``batch_size`` at a time.  With the compiled CPU kernels a batch is
+ranked in one pass of :func:`pnn_fast.ops.dot_topk`: products ``[batch, d] x [d, block]`` over
+blocks of items sized to stay in cache, each user's K best kept from block to block in a small
+buffer (a threshold sampled from the first block, raised by a quickselect), excluded items looked
+up only for the few scores that could enter.  Elsewhere (a GPU, or the reference) the products
 ``[tile, d] x [d, chunk]`` (the whole batch on a GPU, :data:`CPU_SCORE_TILE` users on the CPU;
-items :data:`ITEM_CHUNK` at a time) and, with the compiled kernels, one pass of
-:func:`pnn_fast.ops.masked_topk` over each that keeps each row's K best in a small buffer (a
-threshold sampled from the row, raised by a quickselect) and looks excluded items up only for the
-few scores that could enter; the chunks' lists are merged into a running top K.  Then
-:func:`pnn_fast.ops.rows_contain` gives the ranked items' relevance.  Without the kernels, the
-reference (a masked copy and ``torch.topk``; a searchsorted).  Memory is bounded by the tile
-times the chunk whatever the catalog: nothing of size users x items is ever allocated.
+items :data:`ITEM_CHUNK` at a time) go through the backend's ``masked_topk`` and the chunks'
+lists are merged into a running top K.  Then :func:`pnn_fast.ops.rows_contain` gives the ranked
+items' relevance.  Without the kernels, the reference (a masked copy and ``torch.topk``; a
+searchsorted).  Memory is bounded by the batch (or tile) times the block (or chunk) whatever the
+catalog: nothing of size users x items is ever allocated.
 """
 from __future__ import annotations
 
@@ -54,16 +56,17 @@ from .csr import CSR
 
 METRICS = ("recall", "ndcg", "hit", "precision", "mrr")
 
-# Users scored and ranked at a time on the CPU: a tile's [128, I] scores are still in cache when
-# masked_topk reads them, where a 1,024-user batch's went out to memory and back.  At 1 thread
-# (bench/bench_eval.py) the products alone took 1.9 s a Gowalla pass in tiles of 128 against 4.2 s
-# in batches of 1,024; on ML-1M, whose batch output is smaller, 26 ms against 25-30 ms.
+# Users scored and ranked at a time on the CPU without the compiled kernels (the reference's
+# masked_topk; the kernels rank the whole batch with dot_topk): a tile's [128, I] scores are still in
+# cache when masked_topk reads them, where a 1,024-user batch's went out to memory and back.  At 1
+# thread (bench/bench_eval.py) the products alone took 1.9 s a Gowalla pass in tiles of 128 against
+# 4.2 s in batches of 1,024; on ML-1M, whose batch output is smaller, 26 ms against 25-30 ms.
 CPU_SCORE_TILE = 128
 
-# Items scored at a time: a catalog larger than this is ranked chunk by chunk, each chunk's top K
-# merged into a running one, so that a CPU tile's scores ([128, 16,384] float32, 8 MB) stay in
-# cache for masked_topk, and a GPU batch's ([1,024, 16,384], 64 MB) stay bounded at any catalog
-# size.  A smaller catalog is ranked in one pass, as before chunking.
+# Items scored at a time by masked_topk (a GPU, or the reference): a catalog larger than this is
+# ranked chunk by chunk, each chunk's top K merged into a running one, so that a CPU tile's scores
+# ([128, 16,384] float32, 8 MB) stay in cache for masked_topk, and a GPU batch's ([1,024, 16,384],
+# 64 MB) stay bounded at any catalog size.  A smaller catalog is ranked in one pass.
 ITEM_CHUNK = 16384
 
 
@@ -112,13 +115,32 @@ def ranked_items(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_tab
                  exclude: Sequence[CSR], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each user's k best items by dot product, an item in any ``exclude`` row of its user scoring -inf.
 
+    The compiled CPU kernels rank in one pass (:func:`pnn_fast.ops.dot_topk`); otherwise the
+    products are ranked by the backend's ``masked_topk`` in chunks (:func:`ranked_in_chunks`), on
+    the CPU :data:`CPU_SCORE_TILE` users at a time.
+
     Args:
-        ranking: a backend module (its ``masked_topk``); user_rows: float [T, d]; users: int [T],
-        their rows in ``exclude``; item_table: float [I, d]; exclude: CSRs over users; 1 <= k <= I.
+        ranking: a backend module; user_rows: float [T, d]; users: int [T], their rows in
+        ``exclude``; item_table: float [I, d]; exclude: CSRs over users; 1 <= k <= I.
     Returns:
         (values [T, k], items int64 [T, k]): best first, equal scores by ascending item id (as one
         ``masked_topk`` over all I columns gives), ``-inf`` for excluded items.
     """
+    if item_table.device.type != "cpu":
+        return ranked_in_chunks(ranking, user_rows, users, item_table, exclude, k)
+    if ranking is backends.fused:
+        return ranking.dot_topk(user_rows, item_table, users, exclude, k)
+    tiles = [ranked_in_chunks(ranking, user_rows[at:at + CPU_SCORE_TILE], users[at:at + CPU_SCORE_TILE], item_table,
+                              exclude, k) for at in range(0, users.numel(), CPU_SCORE_TILE)]
+    if len(tiles) == 1:
+        return tiles[0]
+    return torch.cat([values for values, _ in tiles]), torch.cat([items for _, items in tiles])
+
+
+def ranked_in_chunks(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_table: torch.Tensor,
+                     exclude: Sequence[CSR], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ranked_items` by the backend's ``masked_topk`` over the products with
+    :data:`ITEM_CHUNK` items at a time, each chunk's list merged into a running top k."""
     num_items = item_table.shape[0]
     if num_items <= ITEM_CHUNK:
         return ranking.masked_topk(user_rows @ item_table.T, users, exclude, k)
@@ -204,11 +226,7 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
     for begin in range(0, evaluated.numel(), batch_size):
         users = evaluated[begin:begin + batch_size]
         user_rows = user_table[users]  # [B, d]
-        tile = CPU_SCORE_TILE if device.type == "cpu" else users.numel()
-        tiles = [ranked_items(ranking, user_rows[at:at + tile], users[at:at + tile], item_table, masks, ranked)
-                 for at in range(0, users.numel(), tile)]
-        values = torch.cat([tile_values for tile_values, _ in tiles])  # [B, K]
-        top = torch.cat([tile_top for _, tile_top in tiles])  # [B, K]
+        values, top = ranked_items(ranking, user_rows, users, item_table, masks, ranked)  # [B, K] each
         found = ranking.rows_contain(truth, users, top)  # relevance of the ranked items
         hits = torch.zeros(users.numel(), max_k, dtype=torch.float64, device=device)
         hits[:, :ranked] = (found & (values > -math.inf)).double()

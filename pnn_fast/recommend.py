@@ -1,7 +1,7 @@
 """What a trained model gives to serve: each user's top K items, and the embeddings with their ids.
 
-:func:`top_items` streams users through the evaluator's chunked ranking
-(:func:`pnn_fast.eval.ranked_items`), so a catalog of millions of items never builds a
+:func:`top_items` streams users through the evaluator's ranking (:func:`pnn_fast.eval.ranked_items`,
+in blocks or chunks of items), so a catalog of millions of items never builds a
 [users, items] matrix; :func:`write_recommendations` writes them as CSV in the data's original ids;
 :func:`export_embeddings` writes the two tables as ``.npy`` files with an id map each, for a vector
 index (FAISS, a database) to serve.
@@ -25,13 +25,15 @@ from .eval import ranked_items
 
 @torch.no_grad()
 def top_items(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, exclude: Sequence[CSR],
-              k: int, batch_size: int = 128, backend: str = "auto") -> Iterator[tuple]:
+              k: int, batch_size: int = 1024, backend: str = "auto") -> Iterator[tuple]:
     """Each user's ``k`` best items by dot product, excluded items left out, ``batch_size`` users at a time.
 
     Args:
         user_table: float [U, d]; item_table: float [I, d]; users: int [n], rows of ``user_table``;
         exclude: CSRs over users of items never recommended to their user (the known ones);
-        k: 1 <= k <= I; backend: whose ``masked_topk`` ranks (as :func:`pnn_fast.eval.evaluate`'s).
+        k: 1 <= k <= I; batch_size: users ranked at a time (each block of items is streamed once per
+        batch, so larger batches run nearer the product's rate); backend: who ranks (as
+        :func:`pnn_fast.eval.evaluate`'s).
     Yields:
         ``(users int64 [b], items int64 [b, k], scores [b, k])`` per batch, best first, equal scores
         by ascending item id; a user with fewer than k items left has -1 items and -inf scores in

@@ -11,7 +11,7 @@ from pnn_fast.eval import evaluate
 from pnn_fast.known import KnownPositives
 
 KS = (2, 5)
-#: who ranks: the reference and the compiled CPU kernel (pnn_fast.ops.masked_topk) where it is built
+#: who ranks: the reference and the compiled CPU kernels (pnn_fast.ops.dot_topk) where they are built
 BACKENDS = ["reference"] + (["cpu"] if _extension.has_kernels("cpu") else [])
 
 
@@ -257,7 +257,7 @@ def test_argument_errors():
 def test_a_nan_score_is_an_error(backend):
     users, items = _score_tables(HAND_SCORES)
     users[2, 0] = math.nan  # (user 1 has no ground truth, so is never scored)
-    with pytest.raises(ValueError, match="NaN at a column that is not excluded"):
+    with pytest.raises(ValueError, match="NaN at (a column|an item) that is not excluded"):
         evaluate(users, items, _pairs(HAND_TRUTH), backend=backend)
 
 
@@ -281,8 +281,9 @@ def test_unsorted_csr_rows_are_sorted_first(backend):
 @pytest.mark.parametrize("integer", [False, True])
 @pytest.mark.parametrize("chunk", [1, 7, 16])
 def test_items_ranked_chunk_by_chunk_match_one_pass(monkeypatch, chunk, integer, backend):
-    """A catalog above ITEM_CHUNK is ranked in chunks merged into a running top K: the same values,
-    the same items (ties by ascending id, excluded items -inf) and so the same metrics as one pass."""
+    """A catalog above ITEM_CHUNK is ranked in chunks merged into a running top K (a GPU's and the
+    reference's way): the same values, the same items (ties by ascending id, excluded items -inf)
+    and so the same metrics as one pass (on the CPU kernels, dot_topk's)."""
     from pnn_fast import backends
     from pnn_fast import eval as eval_module
     from pnn_fast.csr import CSR
@@ -296,7 +297,7 @@ def test_items_ranked_chunk_by_chunk_match_one_pass(monkeypatch, chunk, integer,
     one_values, one_items = eval_module.ranked_items(ranking, users, rows, items, masks, k)
     expected = evaluate(users, items, truth, exclude, ks=(1, 3, 10, 20), batch_size=8, backend=backend)
     monkeypatch.setattr(eval_module, "ITEM_CHUNK", chunk)
-    values, ranked = eval_module.ranked_items(ranking, users, rows, items, masks, k)
+    values, ranked = eval_module.ranked_in_chunks(ranking, users, rows, items, masks, k)
     # a product with fewer columns may round a score differently (continuous inputs: by an ulp)
     exact = {"rtol": 0, "atol": 0} if integer else {"rtol": 1e-5, "atol": 1e-6}
     torch.testing.assert_close(values, one_values, **exact)

@@ -1,6 +1,6 @@
 """The CPU kernels' instruction-set variants give the same bits.
 
-The score and distance chains (csrc/cpu/simd.h), masked_topk's scan and csr_spmm's row sums are compiled for AVX-512,
+The score and distance chains (csrc/cpu/simd.h), masked_topk's and dot_topk's scans and csr_spmm's row sums are compiled for AVX-512,
 AVX2 + FMA and the build's baseline and chosen at run time; several rows share a pass over the
 candidate tiles on the wider sets.  Each lane runs the same chain of fused multiply-adds whichever variant runs, so the
 outputs must be identical, not close.  PNN_FAST_SIMD_LEVEL caps the variant: each level this CPU
@@ -67,6 +67,11 @@ scores[:, 5::8] = scores[:, 5::8].round(decimals=1)  # ties
 exclude = CSR.from_pairs(*excluded.nonzero(as_tuple=True), 40, 3001)
 for k in (1, 20, 300):
     out[f"masked_topk{k}"] = list(ops.masked_topk(scores, torch.arange(40), [exclude], k))
+users = torch.randn(40, 16, generator=g)
+items = torch.randn(3001, 16, generator=g)
+items[::7] = items[3::7][:items[::7].shape[0]]  # tied items
+for width in (0, 100):
+    out[f"dot_topk{width}"] = list(ops.dot_topk(users, items, torch.arange(40), [exclude], 20, width))
 graph = CSR.from_pairs(*(torch.rand(500, 400, generator=g) < 0.05).nonzero(as_tuple=True), 500, 400)
 weights = torch.rand(graph.indices.shape, generator=g)
 for dim in (64, 37):

@@ -145,36 +145,30 @@ inline void check_partition(const char* op, const at::Tensor& indptr, const at::
                     indices_name, " (", indices.numel(), ")");
 }
 
-// Contiguous, checked inputs of masked_topk (the tensors keep the raw pointers of `sets` alive).
-struct MaskedTopkInputs {
-  at::Tensor scores, rows;
+// Contiguous, checked exclusion sets of the evaluator's top-k ops, with the rows (users) that
+// look them up (the tensors keep the raw pointers of `sets` alive).
+struct ExclusionInputs {
+  at::Tensor rows;
   std::vector<at::Tensor> indptr, indices;
   ExclusionSets sets;
-  int64_t k = 0;
 };
 
-// Everything a kernel needs to stay inside its inputs: shapes, dtypes, devices, k in [1, I], user
-// ids within every set, and each indptr a valid partition of its indices.  Not checked, each an
-// O(nnz) pass per call: that exclusion rows are sorted (a precondition, as for known_indices).
-// Synchronises on CUDA.
-inline MaskedTopkInputs prepare_masked_topk(const char* op, const at::Tensor& scores, const at::Tensor& rows,
-                                            at::TensorList exclude_indptr, at::TensorList exclude_indices,
-                                            int64_t k) {
-  TORCH_CHECK(scores.dim() == 2 && at::isFloatingType(scores.scalar_type()), op,
-              ": scores must be a floating-point [B, I] tensor, got ", scores.scalar_type(), " ", scores.sizes());
-  check_tensor(op, scores, rows, "rows", at::kLong, {scores.size(0)}, "scores");
-  TORCH_CHECK_VALUE(k >= 1 && k <= scores.size(1), op, ": k must lie in [1, I] = [1, ", scores.size(1), "], got ", k);
+// Shapes, dtypes and devices (like `like`, named like_name in errors), user ids within every set,
+// and each indptr a valid partition of its indices.  Not checked, each an O(nnz) pass per call:
+// that exclusion rows are sorted (a precondition, as for known_indices).  Synchronises on CUDA.
+inline ExclusionInputs prepare_exclusions(const char* op, const at::Tensor& like, const char* like_name,
+                                          const at::Tensor& rows, at::TensorList exclude_indptr,
+                                          at::TensorList exclude_indices) {
+  check_tensor(op, like, rows, "rows", at::kLong, {like.size(0)}, like_name);
   TORCH_CHECK_VALUE(exclude_indptr.size() == exclude_indices.size(), op, ": exclude_indptr has ",
                     exclude_indptr.size(), " tensors but exclude_indices ", exclude_indices.size());
   TORCH_CHECK_VALUE(exclude_indptr.size() <= kMaxExcludeSets, op, ": at most ", kMaxExcludeSets,
                     " exclusion sets, got ", exclude_indptr.size());
-  MaskedTopkInputs in;
-  in.scores = scores.contiguous();
+  ExclusionInputs in;
   in.rows = rows.contiguous();
-  in.k = k;
   for (size_t s = 0; s < exclude_indptr.size(); ++s) {
-    check_tensor(op, scores, exclude_indptr[s], "exclude_indptr", at::kLong, {-1}, "scores");
-    check_tensor(op, scores, exclude_indices[s], "exclude_indices", at::kLong, {-1}, "scores");
+    check_tensor(op, like, exclude_indptr[s], "exclude_indptr", at::kLong, {-1}, like_name);
+    check_tensor(op, like, exclude_indices[s], "exclude_indices", at::kLong, {-1}, like_name);
     const at::Tensor indptr = exclude_indptr[s].contiguous(), indices = exclude_indices[s].contiguous();
     const std::string set = "[" + std::to_string(s) + "]";
     check_partition(op, indptr, indices, "exclude_indptr" + set, "exclude_indices" + set);
@@ -187,6 +181,22 @@ inline MaskedTopkInputs prepare_masked_topk(const char* op, const at::Tensor& sc
   }
   in.sets.sets = static_cast<int>(exclude_indptr.size());
   return in;
+}
+
+// Contiguous, checked inputs of masked_topk: scores a floating-point [B, I], k in [1, I], and the
+// exclusions as prepare_exclusions checks them.
+struct MaskedTopkInputs {
+  at::Tensor scores;
+  ExclusionInputs exclusions;
+};
+
+inline MaskedTopkInputs prepare_masked_topk(const char* op, const at::Tensor& scores, const at::Tensor& rows,
+                                            at::TensorList exclude_indptr, at::TensorList exclude_indices,
+                                            int64_t k) {
+  TORCH_CHECK(scores.dim() == 2 && at::isFloatingType(scores.scalar_type()), op,
+              ": scores must be a floating-point [B, I] tensor, got ", scores.scalar_type(), " ", scores.sizes());
+  TORCH_CHECK_VALUE(k >= 1 && k <= scores.size(1), op, ": k must lie in [1, I] = [1, ", scores.size(1), "], got ", k);
+  return {scores.contiguous(), prepare_exclusions(op, scores, "scores", rows, exclude_indptr, exclude_indices)};
 }
 
 // Contiguous, checked inputs of rows_contain.  columns is row b's columns at column_row_stride * b:

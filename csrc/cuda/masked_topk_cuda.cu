@@ -99,7 +99,7 @@ std::tuple<at::Tensor, at::Tensor> masked_topk_cuda(const at::Tensor& scores, co
       const int64_t rows_now = std::min(chunk, num_rows - begin);
       const auto blocks = static_cast<unsigned int>((rows_now + warps - 1) / warps);
       kernel<<<blocks, static_cast<unsigned int>(warps * 32), shared_bytes, c10::cuda::getCurrentCUDAStream()>>>(
-          in.scores.data_ptr<scalar_t>() + begin * cols, in.rows.data_ptr<int64_t>() + begin, rows_now, cols, in.sets,
+          in.scores.data_ptr<scalar_t>() + begin * cols, in.exclusions.rows.data_ptr<int64_t>() + begin, rows_now, cols, in.exclusions.sets,
           k, static_cast<int>(warps),
           scratch.defined() ? reinterpret_cast<RankedColumn<acc_t>*>(scratch.data_ptr()) : nullptr,
           values.data_ptr<scalar_t>() + begin * k, columns.data_ptr<int64_t>() + begin * k, saw_nan.data_ptr<int>());

@@ -6,6 +6,10 @@ scores row by row, and only gathers of O(B d) (the positive and hard-negative sc
 are left to autograd here.  The class size rule is shared with the reference through
 :mod:`pnn_fast.backends.rows`; the terms from the centroids are the ``class_terms`` op, the same
 math as the reference's function of that name (the parity tests hold them together).
+
+One function has no counterpart in the reference: ``dot_topk``, the CPU evaluator's ranking of
+dot products block by block (:func:`pnn_fast.eval.ranked_items`), the reference's being its
+``masked_topk`` over chunks of the products.
 """
 from __future__ import annotations
 
@@ -14,11 +18,11 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..known import KnownPositives, RowLookup
-from ..ops import (embedding_bpr, gathered_dots, gathered_norm, history_sample, lowest_k_mask, masked_topk,
+from ..ops import (dot_topk, embedding_bpr, gathered_dots, gathered_norm, history_sample, lowest_k_mask, masked_topk,
                   pairwise_uniformity, rows_contain, unit_rows, unknown_items)
 from .rows import NegSize, dot, gather_rows, negative_class_size
 
-__all__ = ["csr_spmm", "embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample",
+__all__ = ["csr_spmm", "dot_topk", "embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample",
            "lowest_k_mask", "masked_topk", "pairwise_uniformity", "pnn_row_terms", "rows_contain", "unit_rows", "unknown_items"]
 
 

@@ -21,6 +21,7 @@ from .class_centroids import class_centroids
 from .class_terms import class_terms
 from .count_unlabeled import count_unlabeled
 from .csr_spmm import csr_spmm
+from .dot_topk import dot_topk
 from .embedding_bpr import embedding_bpr
 from .gathered_dots import gathered_dots
 from .gathered_norm import gathered_norm
@@ -34,6 +35,6 @@ from .rows_contain import rows_contain
 from .unit_rows import unit_rows
 from .unknown_items import unknown_items
 
-__all__ = ["class_centroids", "class_terms", "count_unlabeled", "csr_spmm", "embedding_bpr", "gathered_dots", "gathered_norm",
+__all__ = ["class_centroids", "class_terms", "count_unlabeled", "csr_spmm", "dot_topk", "embedding_bpr", "gathered_dots", "gathered_norm",
            "hard_negative_argmax", "history_sample", "lowest_k_mask", "masked_topk", "pairwise_uniformity",
            "rows_contain", "unit_rows", "unknown_items"]
