@@ -16,7 +16,9 @@ draws its own 8 + 8 in the step, as it does in training). ``plain`` is the floor
 cannot go below on the dense path: ``index_select`` of the users' rows and of each row's positive
 and 8 uniform negatives, their dot products, a log-sum-exp and ``backward()``, whose item gradient
 is a dense [I, d] table; ``plain-sl`` is the same step with SL's 800 draws a row, the floor of the
-rows that SL reads (a [B, 801, d] gather, which SL's fused path never builds). ``mf-adam`` and ``mf-sparse-adam`` are a whole MF training step with BPR
+rows that SL reads (a [B, 801, d] gather, which SL's fused path never builds), and ``plain-pnn`` with
+each row's positive and 50 of its user's known items, the rows that in-batch PNN reads (its
+candidates are the batch's positives, and its attention reads 50 known items of each row's user). ``mf-adam`` and ``mf-sparse-adam`` are a whole MF training step with BPR
 (loss, backward, optimiser): dense ``torch.optim.Adam`` over both tables against
 ``torch.optim.SparseAdam`` with ``sparse=True`` gradients, which update only the rows the step read.
 
@@ -51,15 +53,18 @@ from pnn_fast import BPRLoss, DNSLoss, PNNLoss, SampledSoftmaxLoss, embedding_bp
 from pnn_fast.eval import evaluate  # noqa: E402
 from pnn_fast.csr import CSR  # noqa: E402
 from pnn_fast.known import KnownPositives  # noqa: E402
-from pnn_fast.sampling import sample_unknown  # noqa: E402
+from pnn_fast.sampling import sample_history, sample_unknown  # noqa: E402
 
 NUM_USERS, NUM_PAIRS, DIM = 100_000, 2_000_000, 64
-LOSSES = ("plain", "plain-sl", "bpr", "dns", "sl", "pnn", "preset", "mf-adam", "mf-sparse-adam")
+LOSSES = ("plain", "plain-sl", "plain-pnn", "bpr", "dns", "sl", "pnn", "preset", "mf-adam", "mf-sparse-adam")
 #: the negatives drawn before the step, per row
 NEGATIVES = {"plain": 8, "plain-sl": 800, "bpr": 1, "dns": 8, "sl": 800, "mf-adam": 1, "mf-sparse-adam": 1}
+#: the known items a row of plain-pnn gathers: PNNLoss's default history_len, the attention's history a row
+PNN_HISTORY = 50
 #: the plain step that gathers the rows a loss reads, whose growth with the catalog is the loss's floor
-FLOOR = {"sl": "plain-sl", "plain-sl": "plain-sl"}
-DENSE_ONLY = ("plain", "plain-sl", "mf-adam", "mf-sparse-adam")
+FLOOR = {"sl": "plain-sl", "plain-sl": "plain-sl", "pnn": "plain-pnn", "plain-pnn": "plain-pnn"}
+PLAIN = ("plain", "plain-sl", "plain-pnn")
+DENSE_ONLY = PLAIN + ("mf-adam", "mf-sparse-adam")
 
 
 def power_law_problem(num_items: int, batch: int, seed: int = 0) -> dict:
@@ -83,6 +88,9 @@ def make_step(name: str, p: dict, sparse: bool):
     gen = torch.Generator().manual_seed(1)
     # PNN's in-batch candidates are the positives; the preset draws its own in the step
     neg = sample_unknown(known, users, NEGATIVES[name], gen) if name in NEGATIVES else None
+    if name == "plain-pnn":  # the attention's history of each row's user: known items, popular ones more often
+        torch.manual_seed(3)
+        neg = sample_history(known, users, PNN_HISTORY)[0]
     torch.manual_seed(0)
     loss_fn = {
         "bpr": lambda: BPRLoss(validate=False, sparse=sparse),
@@ -101,7 +109,7 @@ def make_step(name: str, p: dict, sparse: bool):
     def step():
         release()
         torch.manual_seed(2)  # the preset's draws and PNN's noise and history: the same in every mode
-        if name in ("plain", "plain-sl"):
+        if name in PLAIN:
             rows = torch.cat([pos[:, None], neg], 1)
             scores = (user_table.index_select(0, users)[:, None, :]
                       * item_table.index_select(0, rows.reshape(-1)).view(*rows.shape, DIM)).sum(-1)
