@@ -13,6 +13,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -76,6 +77,9 @@ std::tuple<at::Tensor, at::Tensor> dot_topk_cpu(const at::Tensor& user_rows, con
     for (int64_t first = 0; first < num_items; first += width) {
       const int64_t n = std::min(width, num_items - first);
       at::Tensor scores = block.narrow(0, 0, num_rows * n).view({num_rows, n});
+      // the op is not differentiable: its product must not meet autograd, which refuses an out=
+      // product of tables that require grad (a model's weights)
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
       at::mm_out(scores, user_rows, item_table.narrow(0, first, n).t());
       const scalar_t* S = scores.const_data_ptr<scalar_t>();
       // grain: rows of a few thousand scores each are worth a task on their own

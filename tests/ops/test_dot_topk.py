@@ -115,6 +115,21 @@ def test_a_user_with_every_item_excluded_lists_them_in_item_order():
     assert torch.equal(items[1], (user_rows[1] @ item_table.T).topk(3).indices)
 
 
+def test_tables_that_require_grad_are_ranked_as_plain_ones():
+    """A model's weights (requires_grad) outside no_grad: the op's products stay out of autograd."""
+    user_rows, item_table, users, exclude = integer_problem(5, 400, 4, seed=11, dtype=torch.float32)
+    got = ops.dot_topk(user_rows.requires_grad_(), item_table.requires_grad_(), users, exclude, 10, 64)
+    want = expected(user_rows.detach(), item_table.detach(), users, exclude, 10)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+
+
+def test_strided_tables_are_read_in_place_of_copies():
+    user_rows, item_table, users, exclude = integer_problem(6, 500, 8, seed=12, dtype=torch.float32)
+    got = ops.dot_topk(user_rows[::2, ::2], item_table[:, ::2], users[::2], exclude, 10, 64)
+    want = expected(user_rows[::2, ::2].contiguous(), item_table[:, ::2].contiguous(), users[::2], exclude, 10)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+
+
 def test_no_rows_give_empty_results():
     values, items = ops.dot_topk(torch.randn(0, 4), torch.randn(5, 4), torch.zeros(0, dtype=torch.int64), [], 3)
     assert values.shape == (0, 3) and items.shape == (0, 3)
