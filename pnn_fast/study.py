@@ -11,6 +11,8 @@ Plan::
     name = "table2"                 # required; results go to studies/<name>/ unless --out is given
     seeds = [1, 2, 3, 4, 5]         # required; the training seeds of every cell
     baselines = ["bpr", "dns"]      # configs the others are compared with (the default; absent ones skipped)
+    holm = ["sl-pool", "simplex"]   # optional: a family of configs tested against each baseline, whose
+                                    # p-values are also given adjusted for their number (Holm)
     epochs = 300                    # TrainConfig fields applied to every cell (see below)
     patience = 10
 
@@ -94,7 +96,7 @@ _OVERRIDE_KINDS = {f.name: list[int] if isinstance(f.default, tuple) else type(f
                    for f in dataclasses.fields(TrainConfig) if f.name not in _CELL_FIELDS}
 _COMMON_KEYS = {"seeds": list[int], **_OVERRIDE_KINDS}
 _SECTION_KEYS = {
-    "study": {"name": str, "baselines": list[str]},
+    "study": {"name": str, "baselines": list[str], "holm": list[str]},
     "datasets": {"name": str, "path": str, "format": str, "split": str, "rating_threshold": float, "kcore": int,
                  "hide_train_share": float},
     "models": {"name": str, "model": str, "model_args": dict},
@@ -155,6 +157,7 @@ class Plan:
     baselines: tuple[str, ...]
     configs: tuple[str, ...]
     groups: dict[tuple[str, str, str], tuple[Cell, ...]]
+    holm: tuple[str, ...] = ()  # the configs whose p-values against a baseline are corrected together
 
     @property
     def cells(self) -> list[Cell]:
@@ -301,11 +304,12 @@ class _PlanReader:
                 for seed in seeds)
         names = tuple(entry["name"] for entry in configs)
         # the default baselines are skipped where absent; one the plan names must be one of its configs
-        missing = [name for name in study.get("baselines", []) if name not in names]
-        if missing:
-            raise self.error("study.baselines", f"{missing} name no config; configs: {', '.join(names)}")
+        for key in ("baselines", "holm"):
+            missing = [name for name in study.get(key, []) if name not in names]
+            if missing:
+                raise self.error(f"study.{key}", f"{missing} name no config; configs: {', '.join(names)}")
         return Plan(self.path, study["name"], tuple(study["seeds"]), tuple(study.get("baselines", DEFAULT_BASELINES)),
-                    names, groups)
+                    names, groups, tuple(study.get("holm", ())))
 
 
 def load_plan(path: os.PathLike | str) -> Plan:
@@ -466,7 +470,36 @@ def _versus(runs: dict, baseline_runs: dict, metric: str) -> dict:
         if baseline.mean() and math.isfinite(low) and math.isfinite(high):
             interval = [100 * float(low) / baseline.mean(), 100 * float(high) / baseline.mean()]
     return {"lift_percent": lift, "paired_lift_percent": paired_lift, "ci95_percent": interval, "t": t, "p": p,
-            "pairs": len(paired)}
+            "p_holm": None, "pairs": len(paired)}
+
+
+def holm_adjusted(p_values: list[float | None], family_size: int) -> list[float | None]:
+    """Holm's step-down adjustment of the p-values of one family of ``family_size`` tests, in the order
+    given: in ascending order p_(1) <= p_(2) <= ..., the adjusted p_(i) is the largest of
+    min(1, (m - j + 1) p_(j)) over j <= i. A member without a p-value (None: not finished, or fewer
+    than two pairs) keeps None and still counts in m, which can only raise the others' adjusted values."""
+    if family_size < len(p_values):
+        raise ValueError(f"family_size {family_size} is below the {len(p_values)} members given")
+    order = sorted((p, at) for at, p in enumerate(p_values) if p is not None)
+    adjusted = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, at) in enumerate(order):
+        running = max(running, min(1.0, (family_size - rank) * p))
+        adjusted[at] = running
+    return adjusted
+
+
+def _adjust_by_holm(groups: list[dict], plan: Plan) -> None:
+    """Fill each comparison's ``p_holm`` for the plan's holm family: per dataset x model, baseline and
+    metric, the family is the holm configs other than the baseline (finished or not)."""
+    for baseline in plan.baselines:
+        for rows in _tables({"groups": groups}).values():
+            family = [row for row in rows if row["config"] in plan.holm and baseline in row["vs"]]
+            members = [name for name in plan.holm if name != baseline]
+            for metric in SUMMARY_METRICS:
+                comparisons = [row["vs"][baseline][metric] for row in family]
+                for comparison, adjusted in zip(comparisons, holm_adjusted([c["p"] for c in comparisons], len(members))):
+                    comparison["p_holm"] = adjusted
 
 
 def _cell_status(folder: Path) -> dict:
@@ -536,7 +569,7 @@ def summarize(plan: Plan, out: os.PathLike | str, *, check: bool = True) -> dict
     """The statistics of the cells finished under ``out``, per (dataset, model, config) group, in plan order.
 
     Returns a dict: ``seeds`` (the study's), ``groups`` (per group: planned and finished seeds, mean and std of each of
-    SUMMARY_METRICS, ``vs`` {baseline: {metric: lift_percent, ci95_percent, t, p, pairs}}, mean_epoch_seconds,
+    SUMMARY_METRICS, ``vs`` {baseline: {metric: lift_percent, ci95_percent, t, p, p_holm, pairs}}, mean_epoch_seconds,
     mean_best_epoch), ``unfinished`` [{cell, status, error?}], counts; None where there is no value.
     ``check``: first, that the finished cells were trained on the plan's data (:func:`_check_fingerprints`).
     """
@@ -557,6 +590,7 @@ def summarize(plan: Plan, out: os.PathLike | str, *, check: bool = True) -> dict
         row["mean_epoch_seconds"] = _mean([r["mean_epoch_seconds"] for r in finished.values()])
         row["mean_best_epoch"] = _mean([r["best_epoch"] for r in finished.values()])
         groups.append(row)
+    _adjust_by_holm(groups, plan)
     return {"study": plan.name, "plan": str(plan.path), "seeds": list(plan.seeds), "metrics": list(SUMMARY_METRICS),
             "baselines": [b for b in plan.baselines if b in plan.configs], "cells": len(plan.cells),
             "finished": len(plan.cells) - len(unfinished), "groups": groups, "unfinished": unfinished}
@@ -574,8 +608,9 @@ def _versus_text(comparison: dict) -> str:
     paired = (f"paired {paired_lift:+.4f}%, " if paired_lift is not None and f"{paired_lift:+.4f}" != f"{lift:+.4f}"
               else "")
     ci = f"95% CI [{interval[0]:+.2f}%, {interval[1]:+.2f}%], " if interval is not None else ""
+    holm = f" (Holm {_number(comparison['p_holm'], '.3g')})" if comparison.get("p_holm") is not None else ""
     return (f"{lift:+.4f}% ({paired}{ci}t {_number(comparison['t'])}, "
-            f"p {_number(comparison['p'], '.3g')}, n {comparison['pairs']})")
+            f"p {_number(comparison['p'], '.3g')}{holm}, n {comparison['pairs']})")
 
 
 LEGEND = """\
@@ -583,7 +618,9 @@ seeds: finished / planned. recall@20, ndcg@20: mean ± sample std (ddof 1) over 
 metric at the best validation epoch. "X vs B": lift of the mean of X over config B's mean, in %; paired (shown
 where X and B finished different seeds): the mean paired difference over the n seeds both have finished, in % of
 B's mean over them; 95% CI: its confidence interval (Student's t, n - 1 degrees of freedom); t and p: paired
-two-sided t-test (scipy.stats.ttest_rel) over those seeds (— below 2 pairs). s/epoch: mean
+two-sided t-test (scipy.stats.ttest_rel) over those seeds (— below 2 pairs); Holm (the plan's holm configs
+only): that p adjusted by Holm's step-down method for the family of holm configs compared with B, a member
+not yet finished counting as one of them. s/epoch: mean
 training seconds per epoch; best epoch: mean epoch of the best validation score (epochs to converge)."""
 
 
@@ -657,4 +694,5 @@ def write_summary(plan: Plan, out: os.PathLike | str, *, check: bool = True) -> 
     return summary
 
 
-__all__ = ["Cell", "DatasetSpec", "Plan", "load_plan", "run_study", "summarize", "summary_markdown", "write_summary"]
+__all__ = ["Cell", "DatasetSpec", "Plan", "holm_adjusted", "load_plan", "run_study", "summarize", "summary_markdown",
+           "write_summary"]

@@ -13,7 +13,7 @@ from scipy.stats import t as student_t, ttest_rel
 from pnn_fast.cli import main
 from pnn_fast.csr import CSR
 from pnn_fast.data import synthetic_dataset
-from pnn_fast.study import load_plan
+from pnn_fast.study import holm_adjusted, load_plan
 from pnn_fast.train import TrainConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,6 +254,37 @@ def test_a_diverged_cell_counts_as_failed_and_is_not_retried(tmp_path, capsys):
     assert summary["unfinished"] == [{"cell": "syn/mf/bpr/seed1", "status": "failed", "error": error}]
 
 
+def test_holm_adjusts_step_down_and_counts_unfinished_members():
+    # ascending 0.01, 0.03, 0.04 in a family of 3: 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 1 x 0.04)
+    assert holm_adjusted([0.04, 0.01, 0.03], 3) == pytest.approx([0.06, 0.03, 0.06])
+    # a member without a p-value still counts: 3 x 0.01, 2 x 0.02
+    assert holm_adjusted([0.01, None, 0.02], 3)[::2] == pytest.approx([0.03, 0.04])
+    assert holm_adjusted([0.01, None, 0.02], 3)[1] is None
+    assert holm_adjusted([0.5, 0.9], 2) == [1.0, 1.0]  # capped at 1, and never below an earlier one
+    assert holm_adjusted([0.2], 1) == [0.2]
+    with pytest.raises(ValueError, match="family_size 1 is below the 2 members given"):
+        holm_adjusted([0.1, 0.2], 1)
+
+
+def test_the_holm_family_gets_adjusted_p_values_against_each_baseline(finished_study, tmp_path):
+    plan, out = finished_study
+    holm_plan = tmp_path / "holm.toml"
+    holm_plan.write_text(PLAN.replace('patience = 5\n', 'patience = 5\nholm = ["dns", "dns16"]\n'))
+    copied = tmp_path / "out"
+    shutil.copytree(out, copied)
+    assert study(holm_plan, copied, "--summary-only") == 0
+    rows = {row["config"]: row for row in json.loads((copied / "summary.json").read_text())["groups"]}
+    for metric in METRICS:
+        p_dns, p_dns16 = rows["dns"]["vs"]["bpr"][metric]["p"], rows["dns16"]["vs"]["bpr"][metric]["p"]
+        expected = holm_adjusted([p_dns, p_dns16], 2)
+        assert rows["dns"]["vs"]["bpr"][metric]["p_holm"] == pytest.approx(expected[0])
+        assert rows["dns16"]["vs"]["bpr"][metric]["p_holm"] == pytest.approx(expected[1])
+        # against dns the family is dns16 alone: nothing to correct
+        assert rows["dns16"]["vs"]["dns"][metric]["p_holm"] == pytest.approx(rows["dns16"]["vs"]["dns"][metric]["p"])
+        assert rows["bpr"]["vs"]["dns"][metric]["p_holm"] is None  # bpr is not in the family
+    assert f"(Holm {rows['dns']['vs']['bpr']['ndcg@20']['p_holm']:.3g})" in (copied / "summary.md").read_text()
+
+
 @pytest.mark.parametrize("change, where", [
     (("name = \"dns\"\n", "name = \"dns\"\nlearning_rate = 0.1\n"), "configs[1].learning_rate: unknown key"),
     (("loss = \"dns\"\n", "loss = \"dnz\"\n"), "configs[2].loss: unknown loss 'dnz'"),
@@ -270,6 +301,7 @@ def test_a_diverged_cell_counts_as_failed_and_is_not_retried(tmp_path, capsys):
     (("name = \"dns16\"", "name = \"dns\""), "configs[2].name: 'dns' is also configs[1]"),
     (("dim = 8", "dim = \"8\""), "study.dim: expected an integer"),
     (("epochs = 2", "epochs = 0"), "study: epochs must be a positive int"),
+    (("patience = 5\n", "patience = 5\nholm = [\"dns\", \"sl\"]\n"), "study.holm: ['sl'] name no config"),
 ])
 def test_a_bad_plan_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, change, where):
     plan = tmp_path / "bad.toml"
