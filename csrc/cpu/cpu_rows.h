@@ -180,6 +180,14 @@ class RowScan {
       if (b < ahead_begin_ || b >= ahead_end_) score_ahead(b, std::min(task_end, b + kScoredAhead));
       scores = ahead_scores_.data() + (b - ahead_begin_) * set_.tiles.padded_count();
     } else {
+      // the candidate rows of a later row of the task, fetched while this one is scored: random rows
+      // of the table, each a miss to memory on a large catalog, which no hardware prefetcher sees
+      // coming (prefetch_row)
+      const int64_t later = b + std::max<int64_t>(1, kPrefetchAhead / std::max<int64_t>(count, 1));
+      if (later < task_end) {
+        const int64_t* items = batch.candidates + later * batch.candidate_row_stride;
+        for (int64_t j = 0; j < count; ++j) prefetch_row(batch.item_table + items[j] * d, d);
+      }
       own_tiles_.load(row_.item_table, row_.candidates, count, d);
       to_acc(row_.user, d, user_);
       ahead_scores_.resize(own_tiles_.padded_count());
