@@ -177,7 +177,7 @@ def compiled_loss(device: str) -> None:
 
 
 def ranking_ops(device: str) -> None:
-    """masked_topk against the reference: continuous scores with copied (tied) columns, two
+    """masked_topk (and on the CPU dot_topk) against the reference: continuous scores with copied (tied) columns, two
     exclusion sets, k from 1 to past the shared-memory buffers (the global-scratch path on CUDA);
     rows_contain of its ranked columns in an exclusion set against the reference's; lowest_k_mask of
     the same rows' first 800 columns against the reference's stable argsort."""
@@ -197,6 +197,13 @@ def ranking_ops(device: str) -> None:
         close(f"masked_topk (k {k}, values)", got[0].cpu(), want[0], rtol=0, atol=0)
         found = ops.rows_contain(exclude[0].to(device), users.to(device), got[1])
         close(f"rows_contain (k {k})", found.cpu(), reference.rows_contain(exclude[0], users, got[1].cpu()), rtol=0, atol=0)
+    if device == "cpu":  # dot_topk, a CPU kernel only: on small-integer tables every product is exact
+        user_rows = torch.randint(-3, 4, (rows, 8), generator=gen).float()
+        item_table = torch.randint(-3, 4, (cols, 8), generator=gen).float()
+        got = ops.dot_topk(user_rows, item_table, users, exclude, 20, 700)
+        want = reference.masked_topk(user_rows @ item_table.T, users, exclude, 20)
+        close("dot_topk (columns)", got[1], want[1], rtol=0, atol=0)
+        close("dot_topk (values)", got[0], want[0], rtol=0, atol=0)
     # lowest_k_mask on rows of those tied scores (SL's rows are a few hundred long), every k from 0 to K
     rows_of_k = scores[:, :800].contiguous()
     k = torch.randint(0, 801, (rows,), generator=gen)
@@ -233,7 +240,7 @@ def main() -> None:
     called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "class_terms", "embedding_bpr",
               "gathered_dots", "gathered_norm", "pairwise_uniformity", "unit_rows", "csr_spmm", "unknown_items",
               "history_sample",
-              "masked_topk", "rows_contain", "lowest_k_mask", "ids_in_range", "take_input_error"}
+              "masked_topk", "dot_topk", "rows_contain", "lowest_k_mask", "ids_in_range", "take_input_error"}
     missing = registered_ops(args.device) - called
     if missing:
         raise SystemExit(f"gpu_smoke: registered ops not exercised here: {sorted(missing)}; add them")
