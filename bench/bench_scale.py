@@ -2,7 +2,7 @@
 2M items with the same batch, beside a plain-PyTorch step that gathers the same rows.
 
     python bench/bench_scale.py [--items 100000 1000000 2000000] [--batch 8192] [--threads 1]
-                                [--losses bpr dns sl pnn preset] [--eval-users 512] [--json rows.json]
+                                [--losses bpr dns sl sl-pool pnn preset] [--eval-users 512] [--json rows.json]
     pytest bench/bench_scale.py                      # pytest-benchmark rows at 100k and 2M items
 
 The problem: 100k users holding 2M interactions whose items follow a power law (item i drawn with
@@ -10,7 +10,9 @@ probability proportional to (i + 1)^-0.8), d = 64, float32. Only the number of i
 what a step adds from one catalog to the next is table-sized work.
 
 Each row is forward + backward of one loss on the batch's users and positives, with its negatives
-drawn once before timing (SL's 800 uniform unknown items a row, DNS's and BPR's 8 and 1; DNS is
+drawn once before timing (SL's 800 uniform unknown items a row, or one pool of 800 uniform catalog items
+shared by the batch for ``sl-pool`` and for ``sl-mixed-logq``, which adds the batch's positives with the
+logQ correction; DNS's and BPR's 8 and 1; DNS is
 told they are unknown items, ``candidates_unknown=True``, as its trainer objective does; the preset
 draws its own 8 + 8 in the step, as it does in training). ``plain`` is the floor a loss
 cannot go below on the dense path: ``index_select`` of the users' rows and of each row's positive
@@ -56,9 +58,12 @@ from pnn_fast.known import KnownPositives  # noqa: E402
 from pnn_fast.sampling import sample_history, sample_unknown  # noqa: E402
 
 NUM_USERS, NUM_PAIRS, DIM = 100_000, 2_000_000, 64
-LOSSES = ("plain", "plain-sl", "plain-pnn", "bpr", "dns", "sl", "pnn", "preset", "mf-adam", "mf-sparse-adam")
+LOSSES = ("plain", "plain-sl", "plain-pnn", "bpr", "dns", "sl", "sl-pool", "sl-mixed-logq", "pnn", "preset", "mf-adam",
+          "mf-sparse-adam")
 #: the negatives drawn before the step, per row
 NEGATIVES = {"plain": 8, "plain-sl": 800, "bpr": 1, "dns": 8, "sl": 800, "mf-adam": 1, "mf-sparse-adam": 1}
+#: the uniform catalog items of the pool that SL's shared-pool rows share (SampledSoftmaxLoss's num_negatives)
+SL_POOL = 800
 #: the known items a row of plain-pnn gathers: PNNLoss's default history_len, the attention's history a row
 PNN_HISTORY = 50
 #: the plain step that gathers the rows a loss reads, whose growth with the catalog is the loss's floor
@@ -91,11 +96,16 @@ def make_step(name: str, p: dict, sparse: bool):
     if name == "plain-pnn":  # the attention's history of each row's user: known items, popular ones more often
         torch.manual_seed(3)
         neg = sample_history(known, users, PNN_HISTORY)[0]
+    if name in ("sl-pool", "sl-mixed-logq"):
+        neg = torch.randint(0, item_table.shape[0], (SL_POOL,), generator=gen)
     torch.manual_seed(0)
     loss_fn = {
         "bpr": lambda: BPRLoss(validate=False, sparse=sparse),
         "dns": lambda: DNSLoss(known, validate=False, sparse=sparse),
         "sl": lambda: SampledSoftmaxLoss(known, validate=False, sparse=sparse),
+        "sl-pool": lambda: SampledSoftmaxLoss(known, validate=False, sparse=sparse, shared_negatives=True),
+        "sl-mixed-logq": lambda: SampledSoftmaxLoss(known, validate=False, sparse=sparse, shared_negatives=True,
+                                                    in_batch_negatives=True, logq=True),
         "pnn": lambda: PNNLoss(known, DIM, validate=False, sparse=sparse),
         "preset": lambda: PNNLoss.from_preset("dns-anchored", known, DIM, validate=False, sparse=sparse),
     }.get(name, lambda: None)()
@@ -315,7 +325,7 @@ def scale_problem(request):
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-@pytest.mark.parametrize("name", ["bpr", "dns", "sl", "pnn", "preset"])
+@pytest.mark.parametrize("name", ["bpr", "dns", "sl", "sl-pool", "pnn", "preset"])
 def test_step(benchmark, scale_problem, name, sparse):
     check_sparse_matches_dense(name, scale_problem)
     benchmark.pedantic(make_step(name, scale_problem, sparse), rounds=3, warmup_rounds=1)

@@ -117,7 +117,7 @@ def ranked_items(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_tab
 
     The compiled CPU kernels rank in one pass (:func:`pnn_fast.ops.dot_topk`); otherwise the
     products are ranked by the backend's ``masked_topk`` in chunks (:func:`ranked_in_chunks`), on
-    the CPU :data:`CPU_SCORE_TILE` users at a time.
+    the CPU :data:`CPU_SCORE_TILE` users at a time (:func:`ranked_in_tiles`).
 
     Args:
         ranking: a backend module; user_rows: float [T, d]; users: int [T], their rows in
@@ -130,6 +130,12 @@ def ranked_items(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_tab
         return ranked_in_chunks(ranking, user_rows, users, item_table, exclude, k)
     if ranking is backends.fused:
         return ranking.dot_topk(user_rows, item_table, users, exclude, k)
+    return ranked_in_tiles(ranking, user_rows, users, item_table, exclude, k)
+
+
+def ranked_in_tiles(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_table: torch.Tensor,
+                    exclude: Sequence[CSR], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ranked_in_chunks` :data:`CPU_SCORE_TILE` users at a time, the lists concatenated."""
     tiles = [ranked_in_chunks(ranking, user_rows[at:at + CPU_SCORE_TILE], users[at:at + CPU_SCORE_TILE], item_table,
                               exclude, k) for at in range(0, users.numel(), CPU_SCORE_TILE)]
     if len(tiles) == 1:

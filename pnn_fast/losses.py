@@ -673,8 +673,9 @@ class SampledCosineLoss(_ChecksInputs, nn.Module):
         """ids -> log of each item's expected count among the draws: ``in_batch`` positives drawn as
         the training pairs are (an item in proportion to its pairs) and ``pool`` uniform items."""
         counts = self._item_counts = self._item_counts.to(self.known.indices.device)
-        rates = counts * (in_batch / self.known.indices.numel()) + pool / self.known.num_items
-        return lambda ids: rates.index_select(0, ids).log().to(dtype)
+        per_pair, uniform = in_batch / self.known.indices.numel(), pool / self.known.num_items
+        # the rates of the step's ids only: a rate for every item would be a catalog-sized pass a step
+        return lambda ids: (counts.index_select(0, ids) * per_pair + uniform).log().to(dtype)
 
     def check_draws(self, neg_items: torch.Tensor) -> None:
         """Refuse draws this loss cannot use (a subclass's rule); the base takes any."""

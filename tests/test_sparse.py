@@ -13,6 +13,7 @@ from pnn_fast import BPRLoss, DNSLoss, PNNLoss, SampledSoftmaxLoss, _extension, 
 from pnn_fast.compact import compact_items
 from pnn_fast.known import KnownPositives
 from pnn_fast.sampling import sample_unknown
+from pnn_fast.softmax_losses import BilateralSoftmaxLoss, PairwiseSoftmaxLoss, SoftmaxLossAtK
 
 from batches import requires_kernels
 
@@ -43,7 +44,17 @@ def _losses(known, backend, sparse):
     pnn = PNNLoss(known, DIM, backend=backend, sparse=sparse).double()
     torch.manual_seed(5)
     preset = PNNLoss.from_preset("dns-anchored", known, DIM, backend=backend, sparse=sparse).double()
-    return {
+    # built here, not in the step: their item counts (logQ) and quantiles are made once, not per step
+    mixed_logq = SampledSoftmaxLoss(known, num_negatives=9, shared_negatives=True, in_batch_negatives=True, logq=True,
+                                    backend=backend, sparse=sparse)
+    softmax_family = {"bsl": BilateralSoftmaxLoss(known, num_negatives=9, backend=backend, sparse=sparse),
+                      "psl": PairwiseSoftmaxLoss(known, num_negatives=9, backend=backend, sparse=sparse),
+                      "slatk": SoftmaxLossAtK(known, k=3, num_negatives=9, backend=backend, sparse=sparse)}
+    softmax_family["slatk"].quantile = torch.linspace(-0.5, 0.6, NUM_USERS)
+    # a pool shared by the batch: the first draw of each row, 1-D
+    pooled = {f"{name}-pool": (lambda u, t, users, pos, neg, noise, loss=loss: loss(u, t, users, pos, neg[:, 0]))
+              for name, loss in softmax_family.items()}
+    return pooled | {
         "pnn-in-batch": lambda u, t, users, pos, neg, noise: pnn(u, t, users, pos, noise=noise),
         "pnn-sampled": lambda u, t, users, pos, neg, noise: pnn(u, t, users, pos, neg, noise=noise),
         "pnn-preset": lambda u, t, users, pos, neg, noise: preset(u, t, users, pos, neg, noise=noise,
@@ -61,6 +72,9 @@ def _losses(known, backend, sparse):
                                                                             sparse=sparse)(u, t, users, pos),
         "sl-pnn-classes": lambda u, t, users, pos, neg, noise: SampledSoftmaxLoss(
             known, num_negatives=9, neutral_weight=0.5, backend=backend, sparse=sparse)(u, t, users, pos, neg),
+        "sl-pool": lambda u, t, users, pos, neg, noise: SampledSoftmaxLoss(known, num_negatives=9, backend=backend,
+                                                                           sparse=sparse)(u, t, users, pos, neg[:, 0]),
+        "sl-mixed-logq": lambda u, t, users, pos, neg, noise: mixed_logq(u, t, users, pos, neg[:, 0]),
     }
 
 

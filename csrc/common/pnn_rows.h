@@ -364,8 +364,9 @@ struct UnitRowBackward {
 
 template <typename acc_t>
 PNN_HD inline UnitRowBackward<acc_t> unit_row_backward(acc_t squared_norm, acc_t grad_dot_x) {
-  const acc_t inv = acc_t(1) / unit_row_denominator(squared_norm);
-  return {inv, sqrt_(squared_norm) >= acc_t(kNormEps) ? grad_dot_x * inv * inv * inv : acc_t(0)};
+  const acc_t norm = sqrt_(squared_norm);
+  const acc_t inv = acc_t(1) / normalize_denominator(norm);
+  return {inv, norm >= acc_t(kNormEps) ? grad_dot_x * inv * inv * inv : acc_t(0)};
 }
 
 template <typename acc_t>
@@ -391,8 +392,9 @@ struct UnitDotBackward {
 
 template <typename acc_t>
 PNN_HD inline UnitDotBackward<acc_t> unit_dot_backward(acc_t dy, acc_t y, acc_t squared_norm) {
-  const acc_t inv = acc_t(1) / unit_row_denominator(squared_norm);
-  return {dy * inv, sqrt_(squared_norm) >= acc_t(kNormEps) ? dy * y * inv * inv : acc_t(0)};
+  const acc_t norm = sqrt_(squared_norm);
+  const acc_t inv = acc_t(1) / normalize_denominator(norm);
+  return {dy * inv, norm >= acc_t(kNormEps) ? dy * y * inv * inv : acc_t(0)};
 }
 
 // Entry k of the clamp gap z_pos * p / D(p) - z_neg * c_neg / D(c_neg), given 1 / D(p) and 1 / D(c_neg)

@@ -100,15 +100,7 @@ std::tuple<at::Tensor, at::Tensor> dot_topk_cpu(const at::Tensor& user_rows, con
     int64_t* columns_out = columns.data_ptr<int64_t>();
     at::parallel_for(0, num_rows, 64, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        tops[r].finish(cursors[r]);  // k entries: every column was offered until k were kept
-        if (tops[r].saw_nan) {
-          first_nan_row.note(r);
-          continue;
-        }
-        for (int64_t slot = 0; slot < k; ++slot) {
-          values_out[r * k + slot] = static_cast<scalar_t>(tops[r].entries[slot].value);
-          columns_out[r * k + slot] = tops[r].entries[slot].column;
-        }
+        finish_row(r, tops[r], cursors[r], values_out + r * k, columns_out + r * k, first_nan_row);
       }
     });
   });

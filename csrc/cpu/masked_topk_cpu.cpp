@@ -72,16 +72,8 @@ std::tuple<at::Tensor, at::Tensor> masked_topk_cpu(const at::Tensor& scores, con
         LaneTopK<acc_t> top{buffer.data(), k, buffer_capacity(k)};
         excluded.mark(in.exclusions.sets, user[r]);
         scan_row_from_sample(row, cols, top, excluded, [] {}, sample, positions);
-        top.finish(excluded);  // k entries: every column was offered until k were kept
+        finish_row(r, top, excluded, values_out + r * k, columns_out + r * k, first_nan_row);
         excluded.clear(in.exclusions.sets, user[r]);
-        if (top.saw_nan) {
-          first_nan_row.note(r);
-          continue;
-        }
-        for (int64_t slot = 0; slot < k; ++slot) {
-          values_out[r * k + slot] = static_cast<scalar_t>(top.entries[slot].value);
-          columns_out[r * k + slot] = top.entries[slot].column;
-        }
       }
     });
   });

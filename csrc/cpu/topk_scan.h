@@ -184,4 +184,21 @@ class FirstNanRow {
   std::atomic<int64_t> row_{kNone};
 };
 
+// Ends a scanned row: completes its top-k (every column was offered until k were kept, so it holds
+// k entries) and writes them best first to values[0, k) and columns[0, k).  A row whose top-k met a
+// NaN writes nothing and is noted in first_nan_row, for the op's error.
+template <typename scalar_t, typename acc_t, typename Exclusions>
+void finish_row(int64_t r, LaneTopK<acc_t>& top, Exclusions& exclusions, scalar_t* values, int64_t* columns,
+                FirstNanRow& first_nan_row) {
+  top.finish(exclusions);
+  if (top.saw_nan) {
+    first_nan_row.note(r);
+    return;
+  }
+  for (int64_t slot = 0; slot < top.k; ++slot) {
+    values[slot] = static_cast<scalar_t>(top.entries[slot].value);
+    columns[slot] = top.entries[slot].column;
+  }
+}
+
 }  // namespace pnn_fast
