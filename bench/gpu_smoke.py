@@ -108,7 +108,7 @@ def row_ops(batch: dict) -> None:
 
 def table_ops(device: str) -> None:
     """embedding_bpr, gathered_dots, gathered_norm (fwd + bwd), pairwise_uniformity (fwd + bwd), unit_rows
-    (fwd + bwd), csr_spmm (LightGCN's layer mean, fwd + bwd), unknown_items and history_sample, each
+    (fwd + bwd), masked_logsumexp (fwd + bwd), csr_spmm (LightGCN's layer mean, fwd + bwd), unknown_items and history_sample, each
     against its definition in plain torch."""
     gen = torch.Generator().manual_seed(3)
     users_n, items_n, d, rows, k = 50, 80, 24, 64, 5
@@ -143,6 +143,13 @@ def table_ops(device: str) -> None:
     weights = torch.randn(items_n, d, generator=gen).to(device)
     want = grads((torch.nn.functional.normalize(item_table, dim=-1) * weights).sum())
     close("unit_rows", grads((ops.unit_rows(item_table) * weights).sum()), want, rtol=1e-4, atol=1e-5)
+    scores = user_table[users] @ item_table.T  # [rows, items_n]: a pool of every item, logQ-like shift
+    shift = torch.rand(items_n, generator=gen).to(device)
+    excluded = (torch.rand(rows, items_n, generator=gen) < 0.3).to(device)
+    row_weights = torch.randn(rows, generator=gen).to(device)
+    want = grads((torch.logsumexp((scores * 5 - shift).masked_fill(excluded, float("-inf")), 1) * row_weights).sum())
+    close("masked_logsumexp", grads((ops.masked_logsumexp(scores, 5.0, shift, excluded) * row_weights).sum()), want,
+          rtol=1e-4, atol=1e-5)
     half = (torch.rand(items_n, items_n, generator=gen) < 0.1) * torch.rand(items_n, items_n, generator=gen)
     symmetric = ((half + half.T) / items_n).to(device)  # the rows of a normalised adjacency sum to about 1
     want = grads((sum(torch.linalg.matrix_power(symmetric, p) for p in range(3)) @ item_table / 3 * weights).sum())
@@ -238,7 +245,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also torch.compile(PNNLoss) against eager")
     args = parser.parse_args()
     called = {"count_unlabeled", "hard_negative_argmax", "class_centroids", "class_terms", "embedding_bpr",
-              "gathered_dots", "gathered_norm", "pairwise_uniformity", "unit_rows", "csr_spmm", "unknown_items",
+              "gathered_dots", "gathered_norm", "pairwise_uniformity", "unit_rows", "masked_logsumexp", "csr_spmm", "unknown_items",
               "history_sample",
               "masked_topk", "dot_topk", "rows_contain", "lowest_k_mask", "ids_in_range", "take_input_error"}
     missing = registered_ops(args.device) - called

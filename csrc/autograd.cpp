@@ -101,7 +101,8 @@ TORCH_LIBRARY_IMPL(pnn_fast, Autograd, m) {
   // node that raises "derivative for pnn_fast::<op>_bwd is not implemented" when differentiated, so
   // a first backward works as before and only a second one stops, naming the op.
   for (const char* op : {"class_centroids_bwd", "class_terms_bwd", "pairwise_uniformity_bwd", "embedding_bpr_bwd",
-                         "gathered_norm_bwd", "gathered_dots_bwd", "unit_rows_bwd"}) {
+                         "gathered_norm_bwd", "gathered_dots_bwd", "unit_rows_bwd",
+                         "masked_logsumexp_bwd"}) {
     m.impl(op, torch::autograd::autogradNotImplementedFallback());
   }
 }

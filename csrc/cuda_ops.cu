@@ -11,6 +11,7 @@
 #include "cuda/gathered_norm_cuda.cu"
 #include "cuda/hard_negative_argmax_cuda.cu"
 #include "cuda/lowest_k_mask_cuda.cu"
+#include "cuda/masked_logsumexp_cuda.cu"
 #include "cuda/history_sample_cuda.cu"
 #include "cuda/masked_topk_cuda.cu"
 #include "cuda/pairwise_uniformity_cuda.cu"

@@ -103,6 +103,14 @@ TORCH_LIBRARY(pnn_fast, m) {
   // 0 in the rows that keep leaves out
   m.def("pairwise_uniformity_bwd(Tensor grad, Tensor x, float t, Tensor total, Tensor saved_row_max, "
         "Tensor saved_exps, Tensor? keep=None) -> Tensor");
+  // [B] in x's accumulation dtype: log sum_j exp(scale x[b, j] - shift[j]) over the j with excluded[b, j] false (a
+  // sampled softmax's denominator over each row's negatives or one shared pool; shift [M], the logQ
+  // correction, and excluded bool [B, M] may be absent); -inf for a row with nothing left
+  m.def("masked_logsumexp_fwd(Tensor x, float scale, Tensor? shift=None, Tensor? excluded=None) -> Tensor");
+  // grad_x [B, M] given grad [B] and the forward's output lse (both in the accumulation dtype):
+  // grad[b] scale exp(l[b, j] - lse[b]), 0 where excluded
+  m.def("masked_logsumexp_bwd(Tensor grad, Tensor x, float scale, Tensor? shift, Tensor? excluded, Tensor lse) "
+        "-> Tensor");
 
   // Table lookups of a training step (the sampler, BPR and RecBole's L2 term).
   // int64 [B, K]: for float32 uniform [B, K] in [0, 1), the floor(u * (num_items - N_u))-th item not known to users[b]

@@ -422,7 +422,8 @@ class CosineScores(NamedTuple):
     draw j is a known item of row b's user and drops out of that row's loss. log_expected: None, or
     float [M], the log of how many times each pool entry is expected among the draws (the logQ
     correction, :meth:`logsumexp_over_negatives`); log_expected_positive: float [B], the same of
-    each row's positive, for a loss whose positive sits in its own denominator.
+    each row's positive, for a loss whose positive sits in its own denominator; backend: whose
+    ``masked_logsumexp`` reduces the negatives.
     """
 
     positive: torch.Tensor
@@ -430,14 +431,15 @@ class CosineScores(NamedTuple):
     excluded: Optional[torch.Tensor] = None
     log_expected: Optional[torch.Tensor] = None
     log_expected_positive: Optional[torch.Tensor] = None
+    backend: str = "auto"
 
-    def logsumexp_over_negatives(self, logits: torch.Tensor) -> torch.Tensor:
-        """float [B]: log sum_j exp(logits[b, j] - log_expected[j]) over row b's negatives (the entries
-        not excluded); -inf for a row with none. ``logits``: float [B, K or M], a loss's function of
-        ``negative``."""
-        if self.log_expected is not None:
-            logits = logits - self.log_expected
-        return masked_logsumexp(logits, self.excluded)
+    def logsumexp_over_negatives(self, logits: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """float [B]: log sum_j exp(scale logits[b, j] - log_expected[j]) over row b's negatives (the
+        entries not excluded); -inf for a row with none. ``logits``: float [B, K or M], a loss's
+        function of ``negative`` (``scale`` multiplies it inside the one pass of the backend's
+        ``masked_logsumexp``: a temperature's division costs no pass of its own)."""
+        impl = backends.select(self.backend, logits.device)
+        return impl.masked_logsumexp(logits, scale, self.log_expected, self.excluded)
 
 
 #: Up to this many item-table rows per draw, :func:`cosine_scores` normalises the whole table once
@@ -469,40 +471,30 @@ def cosine_scores(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: 
     if neg_items.dim() == 1:
         pos_unit = impl.unit_rows(item_table.index_select(0, pos_items))
         pool_unit = impl.unit_rows(item_table.index_select(0, neg_items))
-        return CosineScores((user_unit * pos_unit).sum(dim=-1), user_unit @ pool_unit.T, known_in_pool)
+        return CosineScores((user_unit * pos_unit).sum(dim=-1), user_unit @ pool_unit.T, known_in_pool, backend=backend)
     if item_table.shape[0] <= neg_items.numel() * TABLE_ROWS_PER_DRAW_TO_NORMALISE_ONCE:
         item_unit = impl.unit_rows(item_table)
         positive = (user_unit * item_unit.index_select(0, pos_items)).sum(dim=-1)
-        return CosineScores(positive, impl.gathered_dots(user_unit, item_unit, neg_items))
+        return CosineScores(positive, impl.gathered_dots(user_unit, item_unit, neg_items), backend=backend)
     # one call for the positive and the draws: a second would add a second dense [I, d] gradient
     cosines = impl.gathered_dots(user_unit, item_table, torch.cat([pos_items[:, None], neg_items], 1), unit_table=True)
-    return CosineScores(cosines[:, 0], cosines[:, 1:])
-
-
-def masked_logsumexp(logits: torch.Tensor, excluded: Optional[torch.Tensor]) -> torch.Tensor:
-    """float [B]: log sum_j exp(logits[b, j]) over the entries not ``excluded`` (bool [B, M] or None);
-    -inf for a row with none, with a zero gradient there (never NaN)."""
-    if excluded is None:
-        return torch.logsumexp(logits, dim=1)
-    # a row with nothing left sums over zeros instead, then is set to -inf: the gradient stays finite
-    empty = excluded.all(dim=1, keepdim=True)
-    lse = torch.logsumexp(logits.masked_fill(excluded & ~empty, float("-inf")).masked_fill(empty, 0.0), dim=1)
-    return lse.masked_fill(empty.squeeze(1), float("-inf"))
+    return CosineScores(cosines[:, 0], cosines[:, 1:], backend=backend)
 
 
 def softmax_row_losses(scores: CosineScores, temperature: float) -> torch.Tensor:
     """float [B]: SL's term of each row, ``-log( exp s_p / (exp s_p + sum_j exp s_j) )`` with
     s = cos / temperature: the positive sits in its own denominator (with the logQ correction, every
     logit there less the log of its expected count)."""
-    return _softmax_terms(scores, scores.negative / temperature, temperature)
+    return _softmax_terms(scores, scores.negative, 1 / temperature, temperature)
 
 
-def _softmax_terms(scores: CosineScores, neg_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def _softmax_terms(scores: CosineScores, neg_values: torch.Tensor, neg_scale: float, temperature: float) -> torch.Tensor:
+    """SL's row terms with the negatives' logits ``neg_scale * neg_values`` (float [B, K or M])."""
     pos_logit = scores.positive / temperature
     if scores.log_expected_positive is not None:
         pos_logit = pos_logit - scores.log_expected_positive
     # log of the denominator without forming [B, K + 1]: the positive joins the negatives' logsumexp
-    return torch.logaddexp(pos_logit, scores.logsumexp_over_negatives(neg_logits)) - pos_logit
+    return torch.logaddexp(pos_logit, scores.logsumexp_over_negatives(neg_values, neg_scale)) - pos_logit
 
 
 def shared_pool_softmax_loss(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
@@ -567,7 +559,7 @@ def _neutral_weighted(scores: CosineScores, impl, temperature: float, neutral_we
         neutral = ~impl.lowest_k_mask(neg_logits.detach(), num_negative)
     # a weight w in the denominator is log w added to the logit
     neg_logits = neg_logits + neutral.to(neg_logits.dtype) * math.log(neutral_weight)
-    return _softmax_terms(scores, neg_logits, temperature)
+    return _softmax_terms(scores, neg_logits, 1.0, temperature)
 
 
 class SampledCosineLoss(_ChecksInputs, nn.Module):

@@ -100,7 +100,7 @@ class BilateralSoftmaxLoss(SampledCosineLoss):
             negatives = torch.full_like(scores.positive, float(scores.negative.shape[1]))
         else:
             negatives = (~scores.excluded).sum(dim=1).to(scores.positive.dtype).clamp_min(1)
-        negative = scores.logsumexp_over_negatives(scores.negative / tau) - torch.log(negatives)
+        negative = scores.logsumexp_over_negatives(scores.negative, 1 / tau) - torch.log(negatives)
         return _where_has_negative(scores, self.negative_weight * negative - positive)
 
 

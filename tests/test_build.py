@@ -22,7 +22,7 @@ OPS = ("hard_negative_argmax", "count_unlabeled", "class_centroids_fwd", "class_
        "class_terms_bwd",
        "pairwise_uniformity_fwd", "pairwise_uniformity_bwd", "unknown_items", "history_sample", "embedding_bpr_fwd",
        "embedding_bpr_bwd", "gathered_norm_fwd", "gathered_norm_bwd", "gathered_dots_fwd", "gathered_dots_bwd",
-       "unit_rows_fwd", "unit_rows_bwd", "dot_topk")
+       "unit_rows_fwd", "unit_rows_bwd", "masked_logsumexp_fwd", "masked_logsumexp_bwd", "dot_topk")
 #: ops with a CPU kernel only: on a GPU the evaluator ranks chunks of cuBLAS products with masked_topk
 CPU_ONLY = ("dot_topk",)
 compiled = pytest.mark.skipif(not build_info()["compiled"], reason="pnn_fast._C is not built")

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -267,6 +268,30 @@ struct EmbeddingBprInputs {
 inline void check_table(const char* op, const at::Tensor& table, const char* name) {
   TORCH_CHECK(table.dim() == 2 && at::isFloatingType(table.scalar_type()), op, ": ", name,
               " must be a floating-point [n, d] tensor, got ", table.scalar_type(), " ", table.sizes());
+}
+
+// masked_logsumexp's inputs, contiguous: x float [B, M]; shift, when given, [M] of x's dtype;
+// excluded, when given, bool [B, M]; all on x's device.  Undefined tensors stand for the absent ones.
+struct MaskedLogsumexpInputs {
+  at::Tensor x, shift, excluded;
+};
+
+inline MaskedLogsumexpInputs prepare_masked_logsumexp(const char* op, const at::Tensor& x, double scale,
+                                                      const std::optional<at::Tensor>& shift,
+                                                      const std::optional<at::Tensor>& excluded) {
+  TORCH_CHECK(x.dim() == 2 && at::isFloatingType(x.scalar_type()), op,
+              ": x must be a floating-point [B, M] tensor, got ", x.scalar_type(), " ", x.sizes());
+  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  MaskedLogsumexpInputs in{x.contiguous(), {}, {}};
+  if (shift.has_value()) {
+    check_tensor(op, x, *shift, "shift", x.scalar_type(), {x.size(1)}, "x");
+    in.shift = shift->contiguous();
+  }
+  if (excluded.has_value()) {
+    check_tensor(op, x, *excluded, "excluded", at::kBool, {x.size(0), x.size(1)}, "x");
+    in.excluded = excluded->contiguous();
+  }
+  return in;
 }
 
 // user_table [U, d], item_table [I, d], users and pos_items int64 [B], neg_items int64 [B, K], and a

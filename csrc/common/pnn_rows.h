@@ -665,6 +665,34 @@ PNN_HD inline acc_t lse_value(LogSumExp<acc_t> state) {
   return state.max + log_(state.sum);
 }
 
+// masked_logsumexp: lse_b = log sum_{j not excluded} exp(l_bj), l_bj = scale x_bj - shift_j (the log
+// of a softmax's denominator over each row's negatives or over one pool that the rows share; shift,
+// the logQ correction, may be absent).  Backward: dx_bj = dy_b scale exp(l_bj - lse_b) for the
+// entries not excluded, 0 for the others.  Both backends take a row's largest logit first, then
+// sum exp(l - largest), as torch.logsumexp does.
+
+// Entry j's logit, -inf when excluded (a term of 0 in the sum, never the largest).
+template <typename acc_t, typename scalar_t>
+PNN_HD_FORCE_INLINE acc_t masked_logit(scalar_t x, acc_t scale, const scalar_t* shift, int64_t j, bool excluded) {
+  return excluded ? neg_infinity<acc_t>() : scale * acc_t(x) - (shift ? acc_t(shift[j]) : acc_t(0));
+}
+
+// What a row's logits are offset by before their exponentials: the largest, unless it is infinite
+// (then 0: a row of -inf sums zeros, or a NaN that the result keeps).
+template <typename acc_t>
+PNN_HD_FORCE_INLINE acc_t lse_offset(acc_t largest) {
+  return largest == neg_infinity<acc_t>() || largest == -neg_infinity<acc_t>() ? acc_t(0) : largest;
+}
+
+// The row's lse from its largest logit and sum_j exp(l_j - lse_offset(largest)): -inf for a row
+// with nothing left, NaN for a row that met a NaN, +inf for a row holding +inf (as torch.logsumexp).
+template <typename acc_t>
+PNN_HD inline acc_t masked_lse(acc_t largest, acc_t sum) {
+  if (largest == -neg_infinity<acc_t>()) return largest;
+  if (largest == neg_infinity<acc_t>()) return largest + sum;  // -inf, or NaN from a NaN term
+  return largest + log_(sum);
+}
+
 // ---------------------------------------------------------------------------------------------
 // One call's inputs as raw pointers (all contiguous, ids int64) and the per-row view of them.
 

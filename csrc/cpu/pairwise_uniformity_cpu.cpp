@@ -61,39 +61,6 @@ void block_distances(const TiledVectors<acc_t>& tiles, const scalar_t* points, i
   tiles.lane_sums_rows(row_points, rows, SquaredDiffTerm{}, row_out, first);
 }
 
-// Lanes of a fixed width for the loops below: every instruction set adds in the same order.
-constexpr int64_t kSumLanes = 16;
-
-// sum_j v[j] over kSumLanes lanes, then the tail, then the lanes in order (inlined into the
-// run_widest bodies, so that it vectorises with their instruction set).
-template <typename acc_t>
-inline __attribute__((always_inline)) acc_t lane_sum(const acc_t* v, int64_t n) {
-  acc_t lanes[kSumLanes] = {};
-  int64_t j = 0;
-  for (; j + kSumLanes <= n; j += kSumLanes) {
-    for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] += v[j + l];
-  }
-  acc_t sum = 0;
-  for (; j < n; ++j) sum += v[j];
-  for (int64_t l = 0; l < kSumLanes; ++l) sum += lanes[l];
-  return sum;
-}
-
-// max_j v[j] (-inf for none; a max is exact in any order).
-template <typename acc_t>
-inline __attribute__((always_inline)) acc_t lane_max(const acc_t* v, int64_t n) {
-  acc_t lanes[kSumLanes];
-  for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] = neg_infinity<acc_t>();
-  int64_t j = 0;
-  for (; j + kSumLanes <= n; j += kSumLanes) {
-    for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] = v[j + l] > lanes[l] ? v[j + l] : lanes[l];
-  }
-  acc_t best = neg_infinity<acc_t>();
-  for (; j < n; ++j) best = v[j] > best ? v[j] : best;
-  for (int64_t l = 0; l < kSumLanes; ++l) best = lanes[l] > best ? lanes[l] : best;
-  return best;
-}
-
 // Entries of the strict upper triangle before row i, packed row after row: row i holds its pairs
 // (i, j > i), n - 1 - i of them.
 inline int64_t triangle_offset(int64_t n, int64_t i) { return i * (2 * n - i - 1) / 2; }

@@ -59,6 +59,17 @@ __device__ T warp_total(T value) {
   return value;
 }
 
+// The largest `value` over the 32 lanes of a warp, in every lane (a NaN is kept only where no lane
+// is compared above it, as the CPU's lane_max; the sums that follow carry it).
+template <typename T>
+__device__ T warp_max(T value) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const T other = __shfl_xor_sync(0xffffffffu, value, offset);
+    value = other > value ? other : value;
+  }
+  return value;
+}
+
 // pnn_rows.h's SerialRowSum for a warp that owns one row: lane l takes k = l, l + 32, ... (coalesced
 // loads), and a total reaches every lane by shuffles.  Call from all 32 lanes together.
 struct WarpRowSum {

@@ -18,12 +18,12 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..known import KnownPositives, RowLookup
-from ..ops import (dot_topk, embedding_bpr, gathered_dots, gathered_norm, history_sample, lowest_k_mask, masked_topk,
-                  pairwise_uniformity, rows_contain, unit_rows, unknown_items)
+from ..ops import (dot_topk, embedding_bpr, gathered_dots, gathered_norm, history_sample, lowest_k_mask,
+                  masked_logsumexp, masked_topk, pairwise_uniformity, rows_contain, unit_rows, unknown_items)
 from .rows import NegSize, dot, gather_rows, negative_class_size
 
 __all__ = ["csr_spmm", "dot_topk", "embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample",
-           "lowest_k_mask", "masked_topk", "pairwise_uniformity", "pnn_row_terms", "rows_contain", "unit_rows", "unknown_items"]
+           "lowest_k_mask", "masked_logsumexp", "masked_topk", "pairwise_uniformity", "pnn_row_terms", "rows_contain", "unit_rows", "unknown_items"]
 
 
 def _bpr(user_emb, item_table, pos_items, candidates, hard):

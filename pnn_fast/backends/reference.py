@@ -269,6 +269,22 @@ def gathered_norm(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return table[ids.reshape(-1)].norm()
 
 
+def masked_logsumexp(x: torch.Tensor, scale: float = 1.0, shift: Optional[torch.Tensor] = None,
+                     excluded: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float [B]: log sum_j exp(scale x[b, j] - shift[j]) over the entries not ``excluded`` (bool
+    [B, M] or None); x float [B, M], shift [M] or None. -inf for a row with nothing left, with a
+    zero gradient there (never NaN)."""
+    logits = x * scale if scale != 1.0 else x
+    if shift is not None:
+        logits = logits - shift
+    if excluded is None:
+        return torch.logsumexp(logits, dim=1)
+    # a row with nothing left sums over zeros instead, then is set to -inf: the gradient stays finite
+    empty = excluded.all(dim=1, keepdim=True)
+    lse = torch.logsumexp(logits.masked_fill(excluded & ~empty, float("-inf")).masked_fill(empty, 0.0), dim=1)
+    return lse.masked_fill(empty.squeeze(1), float("-inf"))
+
+
 def unit_rows(x: torch.Tensor) -> torch.Tensor:
     """x / max(||x||, eps) row by row: x float [n, d] -> [n, d] (F.normalize, eps NORM_EPS)."""
     return F.normalize(x, dim=-1, eps=NORM_EPS)

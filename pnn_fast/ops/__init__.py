@@ -13,7 +13,8 @@ No op allocates anything of size ``[B, C]``.
 The table-lookup ops of a training step (:func:`unknown_items`, :func:`history_sample`,
 :func:`embedding_bpr`, :func:`gathered_norm`, :func:`gathered_dots`, :func:`unit_rows`) take whole embedding tables
 and ids, and return dense table gradients.  :func:`csr_spmm` is the graph models'
-propagation, a CSR matrix times a table.
+propagation, a CSR matrix times a table.  :func:`masked_logsumexp` reduces a [B, M] matrix of
+logits (a sampled softmax's denominators) to [B].
 
 Importing this package needs the compiled extension (ImportError otherwise).
 """
@@ -29,6 +30,7 @@ from .hard_negative_argmax import hard_negative_argmax
 from .history_sample import history_sample
 from . import ids_in_range, take_input_error  # noqa: F401  (their fake kernels; pnn_fast._checks calls them)
 from .lowest_k_mask import lowest_k_mask
+from .masked_logsumexp import masked_logsumexp
 from .masked_topk import masked_topk
 from .pairwise_uniformity import pairwise_uniformity
 from .rows_contain import rows_contain
@@ -36,5 +38,5 @@ from .unit_rows import unit_rows
 from .unknown_items import unknown_items
 
 __all__ = ["class_centroids", "class_terms", "count_unlabeled", "csr_spmm", "dot_topk", "embedding_bpr", "gathered_dots", "gathered_norm",
-           "hard_negative_argmax", "history_sample", "lowest_k_mask", "masked_topk", "pairwise_uniformity",
+           "hard_negative_argmax", "history_sample", "lowest_k_mask", "masked_logsumexp", "masked_topk", "pairwise_uniformity",
            "rows_contain", "unit_rows", "unknown_items"]

@@ -79,6 +79,23 @@ def test_a_list_shared_by_every_row_is_read_in_place(device, pool_size):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_shared_pool_with_repeats_is_searched_from_either_side(device):
+    """A pool of popular items drawn with repeats (the batch's positives beside uniform draws): rows
+    with fewer known items than the pool search their items in it, the others search the pool in
+    theirs (CPU); every repeat of a known item is found, as the definition says."""
+    csr = random_rows(300, 2000, seed=5)
+    g = torch.Generator().manual_seed(6)
+    pool = torch.cat([(torch.rand(400, generator=g) ** 4 * 2000).long(), torch.randint(0, 2000, (200,), generator=g)])
+    rows = torch.randint(0, csr.num_rows, (128,), generator=g)
+    lengths = csr.indptr[rows + 1] - csr.indptr[rows]
+    assert bool((lengths < pool.numel()).any()) and bool((lengths >= pool.numel()).any())
+    shared = pool.to(device).expand(rows.numel(), -1)
+    want = by_definition(csr, rows, shared.cpu().contiguous())
+    assert torch.equal(ops.rows_contain(csr.to(device), rows.to(device), shared).cpu(), want)
+    assert pool.unique().numel() < pool.numel() and want.any() and not want.all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty_inputs(device):
     csr = random_rows(5, 10, seed=1).to(device)
     no_columns = torch.zeros(3, 0, dtype=torch.int64, device=device)
