@@ -1,6 +1,7 @@
 """The CPU kernels' instruction-set variants give the same bits.
 
-The score and distance chains (csrc/cpu/simd.h), masked_topk's and dot_topk's scans and csr_spmm's row sums are compiled for AVX-512,
+The score and distance chains (csrc/cpu/simd.h), masked_topk's and dot_topk's scans, masked_logsumexp's row
+passes and csr_spmm's row sums are compiled for AVX-512,
 AVX2 + FMA and the build's baseline and chosen at run time; several rows share a pass over the
 candidate tiles on the wider sets.  Each lane runs the same chain of fused multiply-adds whichever variant runs, so the
 outputs must be identical, not close.  PNN_FAST_SIMD_LEVEL caps the variant: each level this CPU
@@ -72,6 +73,11 @@ items = torch.randn(3001, 16, generator=g)
 items[::7] = items[3::7][:items[::7].shape[0]]  # tied items
 for width in (0, 100):
     out[f"dot_topk{width}"] = list(ops.dot_topk(users, items, torch.arange(40), [exclude], 20, width))
+logits = torch.randn(40, 3001, generator=g).requires_grad_()
+shift = torch.rand(3001, generator=g)
+for name, args in (("plain", (None, None)), ("masked", (shift, excluded))):
+    lse = ops.masked_logsumexp(logits, 7.0, *args)
+    out[f"masked_logsumexp_{name}"] = [lse, *torch.autograd.grad((lse * lse).sum(), logits)]
 graph = CSR.from_pairs(*(torch.rand(500, 400, generator=g) < 0.05).nonzero(as_tuple=True), 500, 400)
 weights = torch.rand(graph.indices.shape, generator=g)
 for dim in (64, 37):

@@ -671,10 +671,16 @@ PNN_HD inline acc_t lse_value(LogSumExp<acc_t> state) {
 // entries not excluded, 0 for the others.  Both backends take a row's largest logit first, then
 // sum exp(l - largest), as torch.logsumexp does.
 
+// Entry j's logit when kept, given its shift (0 without one).
+template <typename acc_t, typename scalar_t>
+PNN_HD_FORCE_INLINE acc_t kept_logit(scalar_t x, acc_t scale, acc_t shift) {
+  return scale * acc_t(x) - shift;
+}
+
 // Entry j's logit, -inf when excluded (a term of 0 in the sum, never the largest).
 template <typename acc_t, typename scalar_t>
 PNN_HD_FORCE_INLINE acc_t masked_logit(scalar_t x, acc_t scale, const scalar_t* shift, int64_t j, bool excluded) {
-  return excluded ? neg_infinity<acc_t>() : scale * acc_t(x) - (shift ? acc_t(shift[j]) : acc_t(0));
+  return excluded ? neg_infinity<acc_t>() : kept_logit(x, scale, shift ? acc_t(shift[j]) : acc_t(0));
 }
 
 // What a row's logits are offset by before their exponentials: the largest, unless it is infinite

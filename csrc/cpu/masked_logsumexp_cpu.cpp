@@ -29,7 +29,9 @@ constexpr int64_t kBlockEntries = 1 << 16;
 int64_t rows_per_block(int64_t columns) { return std::max<int64_t>(1, kBlockEntries / std::max<int64_t>(1, columns)); }
 
 // Writes rows [first, first + rows) of the logits into `out` (row stride M): masked_logit less the
-// row's lse_offset, the row's largest logit into largest[r].  Then the caller's exp_.
+// row's lse_offset, the row's largest logit into largest[r].  Then the caller's exp_.  The kept
+// logits and the exclusions go in separate loops, each of which vectorises (one loop choosing per
+// entry ran four times slower).
 template <typename scalar_t, typename acc_t>
 void offset_logits(const MaskedLogsumexpInputs& in, acc_t scale, int64_t first, int64_t rows, acc_t* out,
                    acc_t* largest) {
@@ -41,7 +43,15 @@ void offset_logits(const MaskedLogsumexpInputs& in, acc_t scale, int64_t first, 
     for (int64_t r = 0; r < rows; ++r) {
       acc_t* row = out + r * M;
       const bool* skip = excluded ? excluded + r * M : nullptr;
-      for (int64_t j = 0; j < M; ++j) row[j] = masked_logit(X[r * M + j], scale, shift, j, skip && skip[j]);
+      const scalar_t* x = X + r * M;
+      if (shift) {
+        for (int64_t j = 0; j < M; ++j) row[j] = kept_logit(x[j], scale, acc_t(shift[j]));
+      } else {
+        for (int64_t j = 0; j < M; ++j) row[j] = kept_logit(x[j], scale, acc_t(0));
+      }
+      if (skip) {
+        for (int64_t j = 0; j < M; ++j) row[j] = skip[j] ? neg_infinity<acc_t>() : row[j];
+      }
       largest[r] = lane_max(row, M);
       const acc_t offset = lse_offset(largest[r]);
       for (int64_t j = 0; j < M; ++j) row[j] -= offset;
@@ -122,8 +132,10 @@ at::Tensor masked_logsumexp_bwd_cpu(const at::Tensor& grad, const at::Tensor& x,
             const acc_t dy_scale = G[first + r] * acc_t(scale);
             const bool* row_skip = skip ? skip + (first + r) * M : nullptr;
             scalar_t* row_out = out + (first + r) * M;
-            for (int64_t j = 0; j < M; ++j) {
-              row_out[j] = static_cast<scalar_t>(row_skip && row_skip[j] ? acc_t(0) : dy_scale * p[r * M + j]);
+            const acc_t* row_p = p + r * M;
+            for (int64_t j = 0; j < M; ++j) row_out[j] = static_cast<scalar_t>(dy_scale * row_p[j]);
+            if (row_skip) {  // exactly 0, whatever exp gave (a NaN where lse is -inf)
+              for (int64_t j = 0; j < M; ++j) row_out[j] = row_skip[j] ? scalar_t(0) : row_out[j];
             }
           }
         });
