@@ -469,8 +469,10 @@ def cosine_scores(user_rows: torch.Tensor, item_table: torch.Tensor, pos_items: 
     impl = backends.select(backend, user_rows.device)
     user_unit = impl.unit_rows(user_rows)
     if neg_items.dim() == 1:
-        pos_unit = impl.unit_rows(item_table.index_select(0, pos_items))
-        pool_unit = impl.unit_rows(item_table.index_select(0, neg_items))
+        # one gather of the positives and the pool, one normalisation: each gather of a dense table
+        # costs a dense [I, d] gradient to allocate and fill, which a second would double
+        rows = impl.unit_rows(item_table.index_select(0, torch.cat([pos_items, neg_items])))
+        pos_unit, pool_unit = rows[:pos_items.numel()], rows[pos_items.numel():]
         return CosineScores((user_unit * pos_unit).sum(dim=-1), user_unit @ pool_unit.T, known_in_pool, backend=backend)
     if item_table.shape[0] <= neg_items.numel() * TABLE_ROWS_PER_DRAW_TO_NORMALISE_ONCE:
         item_unit = impl.unit_rows(item_table)
