@@ -143,12 +143,14 @@ def table_ops(device: str) -> None:
     weights = torch.randn(items_n, d, generator=gen).to(device)
     want = grads((torch.nn.functional.normalize(item_table, dim=-1) * weights).sum())
     close("unit_rows", grads((ops.unit_rows(item_table) * weights).sum()), want, rtol=1e-4, atol=1e-5)
-    scores = user_table[users] @ item_table.T  # [rows, items_n]: a pool of every item, logQ-like shift
-    shift = torch.rand(items_n, generator=gen).to(device)
+    def scores():  # [rows, items_n]: a pool of every item (a new graph for each backward)
+        return user_table[users] @ item_table.T
+
+    shift = torch.rand(items_n, generator=gen).to(device)  # logQ-like
     excluded = (torch.rand(rows, items_n, generator=gen) < 0.3).to(device)
     row_weights = torch.randn(rows, generator=gen).to(device)
-    want = grads((torch.logsumexp((scores * 5 - shift).masked_fill(excluded, float("-inf")), 1) * row_weights).sum())
-    close("masked_logsumexp", grads((ops.masked_logsumexp(scores, 5.0, shift, excluded) * row_weights).sum()), want,
+    want = grads((torch.logsumexp((scores() * 5 - shift).masked_fill(excluded, float("-inf")), 1) * row_weights).sum())
+    close("masked_logsumexp", grads((ops.masked_logsumexp(scores(), 5.0, shift, excluded) * row_weights).sum()), want,
           rtol=1e-4, atol=1e-5)
     half = (torch.rand(items_n, items_n, generator=gen) < 0.1) * torch.rand(items_n, items_n, generator=gen)
     symmetric = ((half + half.T) / items_n).to(device)  # the rows of a normalised adjacency sum to about 1
