@@ -294,6 +294,17 @@ inline MaskedLogsumexpInputs prepare_masked_logsumexp(const char* op, const at::
   return in;
 }
 
+// masked_logsumexp_bwd's inputs: the forward's, then grad and lse, each [B] in x's accumulation dtype.
+inline MaskedLogsumexpInputs prepare_masked_logsumexp_bwd(const char* op, const at::Tensor& grad, const at::Tensor& x,
+                                                          double scale, const std::optional<at::Tensor>& shift,
+                                                          const std::optional<at::Tensor>& excluded,
+                                                          const at::Tensor& lse) {
+  MaskedLogsumexpInputs in = prepare_masked_logsumexp(op, x, scale, shift, excluded);
+  check_tensor(op, in.x, grad, "grad", opmath_dtype(in.x.scalar_type()), {in.x.size(0)}, "x");
+  check_tensor(op, in.x, lse, "lse", opmath_dtype(in.x.scalar_type()), {in.x.size(0)}, "x");
+  return in;
+}
+
 // user_table [U, d], item_table [I, d], users and pos_items int64 [B], neg_items int64 [B, K], and a
 // finite reg_weight >= 0.
 inline EmbeddingBprInputs prepare_embedding_bpr(const char* op, const at::Tensor& user_table, const at::Tensor& item_table,

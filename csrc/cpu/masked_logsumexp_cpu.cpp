@@ -94,10 +94,8 @@ at::Tensor masked_logsumexp_bwd_cpu(const at::Tensor& grad, const at::Tensor& x,
                                     const std::optional<at::Tensor>& shift, const std::optional<at::Tensor>& excluded,
                                     const at::Tensor& lse) {
   constexpr const char* op = "pnn_fast::masked_logsumexp_bwd";
-  const MaskedLogsumexpInputs in = prepare_masked_logsumexp(op, x, scale, shift, excluded);
+  const MaskedLogsumexpInputs in = prepare_masked_logsumexp_bwd(op, grad, x, scale, shift, excluded, lse);
   const int64_t B = in.x.size(0), M = in.x.size(1);
-  check_tensor(op, in.x, grad, "grad", opmath_dtype(in.x.scalar_type()), {B}, "x");
-  check_tensor(op, in.x, lse, "lse", opmath_dtype(in.x.scalar_type()), {B}, "x");
   const at::Tensor g_in = grad.contiguous(), lse_in = lse.contiguous();
   at::Tensor grad_x = at::empty({B, M}, in.x.options());
   const int64_t block_rows = rows_per_block(M);
