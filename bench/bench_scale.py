@@ -3,6 +3,7 @@
 
     python bench/bench_scale.py [--items 100000 1000000 2000000] [--batch 8192] [--threads 1]
                                 [--losses bpr dns sl sl-pool pnn preset] [--eval-users 512] [--json rows.json]
+                                [--interacted-items 100000]  # the same batch at every size: only the table grows
     pytest bench/bench_scale.py                      # pytest-benchmark rows at 100k and 2M items
 
 The problem: 100k users holding 2M interactions whose items follow a power law (item i drawn with
@@ -72,11 +73,14 @@ PLAIN = ("plain", "plain-sl", "plain-pnn")
 DENSE_ONLY = PLAIN + ("mf-adam", "mf-sparse-adam")
 
 
-def power_law_problem(num_items: int, batch: int, seed: int = 0) -> dict:
-    """The users' interactions, a batch of them and the two tables (see the module docstring)."""
+def power_law_problem(num_items: int, batch: int, seed: int = 0, interacted_items: int | None = None) -> dict:
+    """The users' interactions, a batch of them and the two tables (see the module docstring).
+
+    ``interacted_items``: draw the interactions over the first that many items only, so that every
+    catalog holds the same interactions and batch and only the table (and uniform draws) grows."""
     gen = torch.Generator().manual_seed(seed)
     users = torch.randint(0, NUM_USERS, (NUM_PAIRS,), generator=gen)
-    weights = torch.arange(1, num_items + 1, dtype=torch.float64).pow(-0.8)
+    weights = torch.arange(1, min(num_items, interacted_items or num_items) + 1, dtype=torch.float64).pow(-0.8)
     items = torch.multinomial(weights, NUM_PAIRS, replacement=True, generator=gen)
     known = KnownPositives.from_pairs(users, items, NUM_USERS, num_items)
     pick = torch.randint(0, NUM_PAIRS, (batch,), generator=gen)
@@ -219,13 +223,13 @@ def cases(losses: list[str]) -> list[tuple[str, bool]]:
     return [(name, sparse) for name in losses for sparse in ((False,) if name in DENSE_ONLY else (False, True))]
 
 
-def peaks(num_items: int, batch: int, losses: list[str], eval_users: int) -> dict:
+def peaks(num_items: int, batch: int, losses: list[str], eval_users: int, interacted_items: int | None) -> dict:
     """Each case's peak MB (:func:`peak_memory_mb`) after one warm-up call, keyed "loss/dense|sparse"
     and "eval". Run in a process of its own (``--peaks-of``): the fixed mmap threshold that makes the
     resident set follow the live tensors also gives every large buffer fresh pages, which would slow
     the timed steps."""
     _return_freed_blocks()
-    p = power_law_problem(num_items, batch)
+    p = power_law_problem(num_items, batch, interacted_items=interacted_items)
     out = {}
     if eval_users:
         run = evaluation(p, eval_users)
@@ -238,21 +242,25 @@ def peaks(num_items: int, batch: int, losses: list[str], eval_users: int) -> dic
     return out
 
 
-def peaks_in_a_child(num_items: int, batch: int, losses: list[str], eval_users: int) -> dict:
+def peaks_in_a_child(num_items: int, batch: int, losses: list[str], eval_users: int,
+                     interacted_items: int | None) -> dict:
     command = [sys.executable, __file__, "--peaks-of", str(num_items), "--batch", str(batch),
                "--eval-users", str(eval_users), "--losses", *losses]
+    if interacted_items:
+        command += ["--interacted-items", str(interacted_items)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"bench_scale: the peak-memory child failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_users: int) -> list[dict]:
+def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_users: int,
+            interacted_items: int | None = None) -> list[dict]:
     """The timed rows in this process (glibc's own allocator settings, as in training), then each
     catalog's peaks from a child (:func:`peaks`)."""
     rows = []
     for num_items in items:
-        p = power_law_problem(num_items, batch)
+        p = power_law_problem(num_items, batch, interacted_items=interacted_items)
         if eval_users:
             result = eval_throughput(p, eval_users, rounds)
             rows.append({"items": num_items, "loss": "eval", "sparse": False, **result})
@@ -266,7 +274,7 @@ def measure(items: list[int], batch: int, losses: list[str], rounds: int, eval_u
             print(f"{num_items:>9,} {name:<15} {'sparse' if sparse else 'dense':<6} "
                   f"{timing['median_s'] * 1e3:9.1f} ms", flush=True)
         del p
-        peak = peaks_in_a_child(num_items, batch, losses, eval_users)
+        peak = peaks_in_a_child(num_items, batch, losses, eval_users, interacted_items)
         for row in rows:
             if row["items"] == num_items:
                 row["peak_mb"] = peak.get("eval" if row["loss"] == "eval" else
@@ -339,19 +347,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--losses", nargs="*", choices=LOSSES, default=list(LOSSES))
     parser.add_argument("--eval-users", type=int, default=512, help="users evaluated (0: no evaluation row)")
+    parser.add_argument("--interacted-items", type=int, metavar="N",
+                        help="draw the interactions over the first N items at every catalog size, so that only "
+                             "the table grows (default: over the whole catalog)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--table-of", type=Path, metavar="JSON", help="print the table of a saved --json; run nothing")
     parser.add_argument("--peaks-of", type=int, metavar="ITEMS", help=argparse.SUPPRESS)  # the peak-memory child
     args = parser.parse_args()
     if args.peaks_of:
         torch.set_num_threads(args.threads)
-        print(json.dumps(peaks(args.peaks_of, args.batch, args.losses, args.eval_users)))
+        print(json.dumps(peaks(args.peaks_of, args.batch, args.losses, args.eval_users, args.interacted_items)))
         return
     if args.table_of:
         print(table(json.loads(args.table_of.read_text())["rows"]))
         return
     torch.set_num_threads(args.threads)
-    rows = measure(args.items, args.batch, args.losses, args.rounds, args.eval_users)
+    rows = measure(args.items, args.batch, args.losses, args.rounds, args.eval_users, args.interacted_items)
     print(json.dumps(environment()))
     print(table(rows))
     if args.json:
