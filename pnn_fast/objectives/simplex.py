@@ -77,19 +77,21 @@ def generator_dropout(x: torch.Tensor, p: float, generator: torch.Generator | No
     return x * keep.to(x.dtype) / (1.0 - p)
 
 
-def gathered_cosines(user_unit: torch.Tensor, unit_table: torch.Tensor, items: torch.Tensor,
+def gathered_cosines(user_unit: torch.Tensor, item_table: torch.Tensor, items: torch.Tensor,
                      impl: ModuleType) -> torch.Tensor:
-    """cos(user row b, item items[b, j]) for unit user rows ``[B, d]``, the unit item table ``[I, d]``
-    (``impl.unit_rows`` of the model's) and ids ``[B, N]``: ``[B, N]``, by the backend ``impl``.
+    """cos(user row b, item items[b, j]) for unit user rows ``[B, d]``, the item table ``[I, d]`` and
+    ids ``[B, N]``: ``[B, N]``, by the backend ``impl``.
 
-    The backend's ``gathered_dots``: with the compiled kernels nothing of size [B, N, d] or [B, I] is
-    built (on Gowalla's 40,981 items and SimpleX's 1,500 negatives, 51 ms forward and backward at one
-    thread against 780 ms for one [B, I] product and a gather). The reference backend gathers
-    [B, N, d] rows, so it takes that product instead where it is smaller (``I < N * d``).
+    The backend's ``gathered_dots`` with ``unit_table``: each gathered item row is scaled to unit
+    length inside the product, so nothing of size [B, N, d] or [B, I] is built and the table is not
+    normalised as a whole (a table-sized pass forward and backward, and a second [I, d] buffer, every
+    step; SimpleX's hinge leaves nearly all of the backward's entries zero, which the kernel skips).
+    The reference backend gathers [B, N, d] rows, so it takes one [B, I] product of the unit table
+    instead where that is smaller (``I < N * d``).
     """
-    if impl is backends.reference and unit_table.shape[0] < items.shape[1] * unit_table.shape[1]:
-        return (user_unit @ unit_table.T).gather(1, items)
-    return impl.gathered_dots(user_unit, unit_table, items)
+    if impl is backends.reference and item_table.shape[0] < items.shape[1] * item_table.shape[1]:
+        return (user_unit @ impl.unit_rows(item_table).T).gather(1, items)
+    return impl.gathered_dots(user_unit, item_table, items, unit_table=True)
 
 
 def cosine_contrastive_loss(pos_cos: torch.Tensor, neg_cos: torch.Tensor, margin: float,
@@ -167,12 +169,15 @@ class SimpleXObjective(Objective):
             cache = self._mean_cache = (key, matrix, rows.numel())
         return cache[1], cache[2]
 
-    def history_mask_of(self, users: torch.Tensor, exclude: torch.Tensor | None) -> torch.Tensor:
-        """The valid history slots of ``users [B]``, without the item ``exclude[b]`` of each row."""
-        mask = self.history_mask[users]
+    def batch_history(self, users: torch.Tensor, exclude: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The padded histories of ``users [B]``: (items int64 [B, L], mask bool [B, L]) whose mask
+        leaves out the padding and the item ``exclude[b]`` of each row. Row gathers by index_select
+        (several times cheaper than advanced indexing of an [U, L] table)."""
+        items = self.history.index_select(0, users)
+        mask = self.history_mask.index_select(0, users)
         if exclude is not None:
-            mask = mask & (self.history[users] != exclude[:, None])
-        return mask
+            mask = mask & (items != exclude[:, None])
+        return items, mask
 
     def mean_history(self, item_table: torch.Tensor, users: torch.Tensor, exclude: torch.Tensor | None = None,
                      path: str = "auto") -> torch.Tensor:
@@ -185,17 +190,18 @@ class SimpleXObjective(Objective):
         matrix, nnz = self._mean_operator(item_table.dtype)
         if path == "auto":
             path = "sparse" if nnz <= users.numel() * self.history.shape[1] else "bag"
-        mask = self.history_mask_of(users, exclude).to(item_table.dtype)
+        items, mask = self.batch_history(users, exclude)
+        mask = mask.to(item_table.dtype)
         count = mask.sum(dim=1, keepdim=True)
         if path == "sparse":
             pooled = torch.sparse.mm(matrix, item_table)[users]
             if exclude is None:
                 return pooled
-            full = self.history_mask[users].sum(dim=1, keepdim=True).to(item_table.dtype)
+            full = self.history_mask.index_select(0, users).sum(dim=1, keepdim=True).to(item_table.dtype)
             dropped = (full - count) * item_table[exclude]   # 1 where the excluded item was in H_u
             return (pooled * full - dropped) / count.clamp_min(1.0)
         weights = mask / count.clamp_min(1.0)
-        return F.embedding_bag(self.history[users], item_table, mode="sum", per_sample_weights=weights)
+        return F.embedding_bag(items, item_table, mode="sum", per_sample_weights=weights)
 
     def aggregate(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                   exclude: torch.Tensor | None = None) -> torch.Tensor:
@@ -204,13 +210,14 @@ class SimpleXObjective(Objective):
         if aggregator == "mean":
             pooled = self.mean_history(item_table, users, exclude)
         else:
-            mask = self.history_mask_of(users, exclude)                 # [B, L]
-            items = self.history[users]                                 # [B, L]
+            items, mask = self.batch_history(users, exclude)           # [B, L] each
             # the keys (d x d per item) only for the valid slots: a padded [B, L, d] would cost
             # max_u |H_u| per row where the mean row needs |H_u| (Gowalla: about 30x more)
             row, slot = mask.nonzero(as_tuple=True)                     # [n] each, row-major like mask
-            valid_items = items[row, slot]                              # [n]
-            keys = torch.tanh(self.W_k(item_table[valid_items]))        # [n, d]
+            # the history's rows gathered once, for the keys and the pooling: one dense item gradient
+            # (the product of a [n] gather), not one for each use
+            history_rows = item_table.index_select(0, items[row, slot])  # [n, d]
+            keys = torch.tanh(self.W_k(history_rows))                  # [n, d]
             if aggregator == "user_attention":
                 valid_logits = (keys * user_emb[row]).sum(-1)
             else:
@@ -219,10 +226,8 @@ class SimpleXObjective(Objective):
             logits = torch.full(mask.shape, torch.finfo(keys.dtype).min, dtype=keys.dtype, device=keys.device)
             logits = logits.masked_scatter(mask, valid_logits)
             attention = torch.softmax(logits, dim=1).masked_fill(~mask, 0.0)
-            counts = mask.sum(dim=1)
-            offsets = torch.cumsum(counts, 0) - counts                  # each row's first valid slot
-            pooled = F.embedding_bag(valid_items, item_table, offsets, mode="sum",
-                                     per_sample_weights=attention[row, slot])  # an empty row pools to 0
+            weighted = history_rows * attention[row, slot][:, None]
+            pooled = torch.zeros_like(user_emb).index_add(0, row, weighted)  # an empty row pools to 0
         return self.W_v(pooled)
 
     def user_vectors(self, user_table: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
@@ -256,9 +261,9 @@ class SimpleXObjective(Objective):
         if self.training:
             user_unit = generator_dropout(user_unit, float(self.args["dropout"]), generator)
         impl = backends.select(self.args["backend"], item_table.device)
-        unit_table = impl.unit_rows(item_table)  # once, for the positives and the negatives
-        pos_cos = (user_unit * unit_table.index_select(0, pos_items)).sum(-1)
-        neg_cos = gathered_cosines(user_unit, unit_table, neg_items, impl)
+        # the positive as the first column of the negatives' product: one dense item gradient
+        cosines = gathered_cosines(user_unit, item_table, torch.cat([pos_items[:, None], neg_items], 1), impl)
+        pos_cos, neg_cos = cosines[:, 0], cosines[:, 1:]
         return cosine_contrastive_loss(pos_cos, neg_cos, float(self.args["margin"]),
                                        float(self.args["negative_weight"]))
 
