@@ -120,7 +120,7 @@ class SimpleXObjective(Objective):
         "aggregator": "mean",    # aggregator, same file
         "history_len": 500,      # user_history max_len (SimpleX_movielens1m_m1/dataset_config.yaml)
         "dropout": 0.4,          # net_dropout on the user vector, same model_config.yaml
-        "backend": "auto",       # pnn_fast: whose unit_rows and gathered_dots make the negatives' cosines
+        "backend": "auto",       # pnn_fast: whose gathered_dots makes the cosines
     }
 
     def __init__(self, known, model, **args):
