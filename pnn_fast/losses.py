@@ -196,7 +196,12 @@ class PNNLoss(_ChecksInputs, nn.Module):
         ids += [] if history is None else [history.items]
         # the lookup of known items reads each row's known items: about B x the mean count
         lookup_reads = 0 if drawn_here else users.numel() * known.nnz / max(known.num_users, 1)
-        if self.sparse or _catalog_outweighs(item_table, ids, lookup_reads):
+        # the lookup of known items in a compact table is sized by a count read back: a dense step
+        # gathers first with it only where a read costs nothing (the CPU); on a GPU, where it is a
+        # synchronisation, the step runs on the whole table (its passes at memory bandwidth) instead
+        gather_first = _catalog_outweighs(item_table, ids, lookup_reads) and (
+            drawn_here or _reads_are_free(item_table.device))
+        if self.sparse or gather_first:
             # drawn unknown items need no lookup: nothing is known (the fused kernels skip it then too)
             # a dense gradient without a lookup is sized by the ids, with no host read
             size = sum(t.numel() for t in ids) if drawn_here and not self.sparse else None
@@ -279,6 +284,12 @@ def _catalog_outweighs(item_table: torch.Tensor, ids, lookup_reads: float) -> bo
     the table-sized passes it saves (each op's own [I, d] gradient, and their sum; it leaves one,
     the ``index_select``'s) cost more than it does. On ML-1M it never gathers; at 2M items it does."""
     return item_table.shape[0] > sum(t.numel() for t in ids) + lookup_reads
+
+
+def _reads_are_free(device: torch.device) -> bool:
+    """Whether reading a value back to the host costs a step nothing: on the CPU it does not wait on a
+    device (a GPU's read is a synchronisation, which a dense loss step never makes)."""
+    return device.type == "cpu"
 
 
 def _check_bpr_ids(ref_name: str, ref: torch.Tensor, item_table: torch.Tensor, batch: int, pos_items: torch.Tensor,

@@ -14,6 +14,7 @@ import torch
 from batches import requires_kernels
 from host_reads import host_reads
 from pnn_fast import BPRLoss, CSR, DNSLoss, KnownPositives, PNNLoss, SampledSoftmaxLoss, embedding_bpr
+from pnn_fast import losses as pnn_losses
 from pnn_fast.models import build_model
 from pnn_fast.objectives import build_objective
 from pnn_fast.softmax_losses import BilateralSoftmaxLoss, PairwiseSoftmaxLoss, SoftmaxLossAtK
@@ -89,6 +90,30 @@ def test_dense_loss_step_on_a_larger_catalog_reads_nothing(name):
     the ids rather than by a count read back."""
     reads = _reads_of_step(name, num_items=20_000)
     assert not reads, f"{name}: {len(reads)} host reads, the first {reads[0][0]} at\n{reads[0][1]}"
+
+
+@pytest.mark.parametrize("name", ["pnn-in-batch", "pnn-given-candidates"])
+def test_dense_pnn_step_with_a_lookup_reads_nothing_where_a_read_synchronises(name, monkeypatch):
+    """PNN's dense step on a catalog larger than its rows, with candidates whose known items it must
+    look up: on the CPU it gathers its rows first, the lookup sized by one count read back; where a
+    read is a synchronisation (a GPU: ``_reads_are_free`` False) it runs on the whole table instead,
+    with no read and the same loss and gradients."""
+    known, users, pos, neg, user_table, item_table = _problem(20_000)
+
+    def loss_and_grads():
+        torch.manual_seed(3)
+        step = _steps(known, DIM)[name]
+        torch.manual_seed(4)  # the step's noise and histories
+        loss = step(user_table[users], item_table, users, pos, neg)
+        return (loss, *torch.autograd.grad(loss, [user_table, item_table]))
+
+    assert [what for what, _ in _reads_of_step(name, num_items=20_000)] == ["Tensor.tolist"]  # gathers first
+    gathered = loss_and_grads()
+    monkeypatch.setattr(pnn_losses, "_reads_are_free", lambda device: False)
+    reads = _reads_of_step(name, num_items=20_000)
+    assert not reads, f"{name}: {len(reads)} host reads, the first {reads[0][0]} at\n{reads[0][1]}"
+    for got, want in zip(loss_and_grads(), gathered):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["pnn-in-batch", "pnn-preset-drawn", "dns", "sl-drawn", "bpr"])
