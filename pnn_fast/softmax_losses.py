@@ -180,12 +180,16 @@ class SoftmaxLossAtK(SampledCosineLoss):
         k: the K of NDCG@K the loss aims at (the authors' 20); at most ``num_negatives``.
         temperature: SL's tau (the authors take SL's best: 0.1 here, as SL's default).
         weight_temperature: tau_w > 0 of the weight's sigmoid (the authors' default 1; they search 0.5 to 3).
+        weight_gradient: True (the authors' code) lets the gradient flow through the weight as well;
+            False holds the weight constant in it (detached), so a row's gradient is its weight times
+            SL's and no step lowers a positive's score to shrink its own weight.
     """
 
-    OWN_ARGUMENTS = ("k", "temperature", "weight_temperature", "positive_cap", "weighted")
+    OWN_ARGUMENTS = ("k", "temperature", "weight_temperature", "weight_gradient", "positive_cap", "weighted")
 
     def __init__(self, known: KnownPositives, *, k: int = 20, num_negatives: int = 1000, temperature: float = 0.1,
-                 weight_temperature: float = 1.0, shared_negatives: bool = False, in_batch_negatives: bool = False,
+                 weight_temperature: float = 1.0, weight_gradient: bool = True, shared_negatives: bool = False,
+                 in_batch_negatives: bool = False,
                  logq: bool = False, backend: str = "auto",
                  validate: Union[str, bool] = "deferred", sparse: bool = False):
         super().__init__(known, num_negatives, shared_negatives, in_batch_negatives, logq, backend, validate, sparse)
@@ -194,6 +198,9 @@ class SoftmaxLossAtK(SampledCosineLoss):
             raise ValueError(f"k must be at most num_negatives={self.num_negatives} (the quantile's draws), got {k!r}")
         self.temperature = check_real("temperature", temperature, low_open=True)
         self.weight_temperature = check_real("weight_temperature", weight_temperature, low_open=True)
+        if not isinstance(weight_gradient, bool):
+            raise TypeError(f"weight_gradient must be True or False, got {weight_gradient!r}")
+        self.weight_gradient = weight_gradient
         self.weighted = True
         counts = (known.indptr[1:] - known.indptr[:-1]).cpu().numpy()
         # the authors score each user's first known items up to the 90th percentile of the counts (numpy's,
@@ -207,7 +214,8 @@ class SoftmaxLossAtK(SampledCosineLoss):
         if not self.weighted:
             return softmax
         beta = self.quantile.to(scores.positive.dtype).index_select(0, users)
-        return torch.sigmoid((scores.positive - beta) / self.weight_temperature) * softmax
+        weight = torch.sigmoid((scores.positive - beta) / self.weight_temperature)
+        return (weight if self.weight_gradient else weight.detach()) * softmax
 
     @torch.no_grad()
     def refresh_quantile(self, user_rows: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,

@@ -175,6 +175,33 @@ def test_a_row_with_no_negative_left_adds_zero_and_a_finite_gradient():
         rows.grad = table.grad = None
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("weight_gradient", [True, False], ids=["through-the-weight", "weight-held"])
+def test_slatk_gradient_flows_through_its_weight_or_holds_it(backend, weight_gradient):
+    """The gradient against autograd over the rows written out (each row's own draws, cosines, SL's
+    term and the sigmoid weight, detached for weight_gradient=False); the two settings' gradients differ."""
+    known, users, pos, own, _, user_rows, item_table = _problem()
+    beta = torch.linspace(-0.5, 0.6, NUM_USERS, dtype=torch.float64)
+    loss_fn = SoftmaxLossAtK(known, k=3, num_negatives=DRAWS, temperature=0.3, weight_temperature=0.7,
+                             weight_gradient=weight_gradient, backend=backend)
+    loss_fn.quantile = beta.float()
+    rows, table = user_rows.detach().requires_grad_(), item_table.detach().requires_grad_()
+    got = torch.autograd.grad(loss_fn(rows, table, users, pos, own), [rows, table])
+
+    def written_out(through_weight):
+        unit_rows, unit_table = F.normalize(rows, dim=1), F.normalize(table, dim=1)
+        s_p = (unit_rows * unit_table[pos]).sum(1)
+        s_neg = (unit_rows[:, None, :] * unit_table[own]).sum(2)
+        sl = torch.logsumexp(torch.cat([s_p[:, None], s_neg], 1) / 0.3, 1) - s_p / 0.3
+        weight = torch.sigmoid((s_p - beta.float().double()[users]) / 0.7)
+        row_losses = (weight if through_weight else weight.detach()) * sl
+        return torch.autograd.grad(row_losses.mean(), [rows, table])
+
+    for g, w in zip(got, written_out(weight_gradient)):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(written_out(not weight_gradient)[0], got[0])
+
+
 def test_slatk_quantile_is_the_kth_highest_of_known_items_and_draws():
     known, users, pos, own, pool, user_rows, item_table = _problem(3)
     loss_fn = SoftmaxLossAtK(known, k=4, num_negatives=DRAWS)
