@@ -129,6 +129,13 @@ def check_device(device) -> torch.device:
     return parsed
 
 
+def check_bool(name: str, value) -> bool:
+    """``value`` once it is True or False (a word such as "no", or 0 and 1, is refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_int(name: str, value, minimum: int) -> int:
     """``value`` as an int, once it is an integer (not a bool, not a float) ``>= minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:

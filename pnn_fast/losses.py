@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backends
-from ._checks import (check_embedding, check_id_tensor, check_int, check_kernel_inputs, check_neg_size, check_real,
-                      check_same, check_validate, check_values, ids_in_range, require_tensor, validate_batch)
+from ._checks import (check_bool, check_embedding, check_id_tensor, check_int, check_kernel_inputs, check_neg_size,
+                      check_real, check_same, check_validate, check_values, ids_in_range, require_tensor,
+                      validate_batch)
 from .attention import UserAwareAttention
 from .compact import compact_items, sorted_runs
 from .distributed import gather_ids
@@ -604,8 +605,7 @@ class SampledCosineLoss(_ChecksInputs, nn.Module):
         self.num_negatives = check_int("num_negatives", num_negatives, 1)
         for name, value in (("shared_negatives", shared_negatives), ("in_batch_negatives", in_batch_negatives),
                             ("logq", logq)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be True or False, got {value!r}")
+            check_bool(name, value)
         if in_batch_negatives and not shared_negatives:
             raise ValueError("in_batch_negatives mixes the batch's positives with one uniform pool shared by the "
                              "batch: it needs shared_negatives=True")

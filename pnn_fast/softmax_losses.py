@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import backends
-from ._checks import (check_embedding, check_id_tensor, check_int, check_real, check_same, check_values,
+from ._checks import (check_bool, check_embedding, check_id_tensor, check_int, check_real, check_same, check_values,
                       ids_in_range, require_tensor)
 from .compact import sorted_runs
 from .distributed import gather_values
@@ -189,8 +189,7 @@ class SoftmaxLossAtK(SampledCosineLoss):
 
     def __init__(self, known: KnownPositives, *, k: int = 20, num_negatives: int = 1000, temperature: float = 0.1,
                  weight_temperature: float = 1.0, weight_gradient: bool = True, shared_negatives: bool = False,
-                 in_batch_negatives: bool = False,
-                 logq: bool = False, backend: str = "auto",
+                 in_batch_negatives: bool = False, logq: bool = False, backend: str = "auto",
                  validate: Union[str, bool] = "deferred", sparse: bool = False):
         super().__init__(known, num_negatives, shared_negatives, in_batch_negatives, logq, backend, validate, sparse)
         self.k = check_int("k", k, 1)
@@ -198,9 +197,7 @@ class SoftmaxLossAtK(SampledCosineLoss):
             raise ValueError(f"k must be at most num_negatives={self.num_negatives} (the quantile's draws), got {k!r}")
         self.temperature = check_real("temperature", temperature, low_open=True)
         self.weight_temperature = check_real("weight_temperature", weight_temperature, low_open=True)
-        if not isinstance(weight_gradient, bool):
-            raise TypeError(f"weight_gradient must be True or False, got {weight_gradient!r}")
-        self.weight_gradient = weight_gradient
+        self.weight_gradient = check_bool("weight_gradient", weight_gradient)
         self.weighted = True
         counts = (known.indptr[1:] - known.indptr[:-1]).cpu().numpy()
         # the authors score each user's first known items up to the 90th percentile of the counts (numpy's,

@@ -190,13 +190,13 @@ class SimpleXObjective(Objective):
         matrix, nnz = self._mean_operator(item_table.dtype)
         if path == "auto":
             path = "sparse" if nnz <= users.numel() * self.history.shape[1] else "bag"
+        if path == "sparse" and exclude is None:  # scoring: no [B, L] history gathered
+            return torch.sparse.mm(matrix, item_table)[users]
         items, mask = self.batch_history(users, exclude)
         mask = mask.to(item_table.dtype)
         count = mask.sum(dim=1, keepdim=True)
         if path == "sparse":
             pooled = torch.sparse.mm(matrix, item_table)[users]
-            if exclude is None:
-                return pooled
             full = self.history_mask.index_select(0, users).sum(dim=1, keepdim=True).to(item_table.dtype)
             dropped = (full - count) * item_table[exclude]   # 1 where the excluded item was in H_u
             return (pooled * full - dropped) / count.clamp_min(1.0)
