@@ -52,6 +52,7 @@ import torch
 
 from . import backends
 from ._checks import check_id_tensor, require_tensor
+from .backends.rows import TopK
 from .csr import CSR
 
 METRICS = ("recall", "ndcg", "hit", "precision", "mrr")
@@ -112,7 +113,7 @@ def _as_csr(name: str, obj, num_users: int, num_items: int, device: torch.device
 
 
 def ranked_items(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_table: torch.Tensor,
-                 exclude: Sequence[CSR], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 exclude: Sequence[CSR], k: int) -> TopK:
     """Each user's k best items by dot product, an item in any ``exclude`` row of its user scoring -inf.
 
     The compiled CPU kernels rank in one pass (:func:`pnn_fast.ops.dot_topk`); otherwise the
@@ -123,7 +124,7 @@ def ranked_items(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_tab
         ranking: a backend module; user_rows: float [T, d]; users: int [T], their rows in
         ``exclude``; item_table: float [I, d]; exclude: CSRs over users; 1 <= k <= I.
     Returns:
-        (values [T, k], items int64 [T, k]): best first, equal scores by ascending item id (as one
+        :class:`~pnn_fast.backends.rows.TopK` (values [T, k], indices int64 [T, k], the items): best first, equal scores by ascending item id (as one
         ``masked_topk`` over all I columns gives), ``-inf`` for excluded items.
     """
     if item_table.device.type != "cpu":
@@ -134,17 +135,17 @@ def ranked_items(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_tab
 
 
 def ranked_in_tiles(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_table: torch.Tensor,
-                    exclude: Sequence[CSR], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    exclude: Sequence[CSR], k: int) -> TopK:
     """:func:`ranked_in_chunks` :data:`CPU_SCORE_TILE` users at a time, the lists concatenated."""
     tiles = [ranked_in_chunks(ranking, user_rows[at:at + CPU_SCORE_TILE], users[at:at + CPU_SCORE_TILE], item_table,
                               exclude, k) for at in range(0, users.numel(), CPU_SCORE_TILE)]
     if len(tiles) == 1:
         return tiles[0]
-    return torch.cat([values for values, _ in tiles]), torch.cat([items for _, items in tiles])
+    return TopK(torch.cat([tile.values for tile in tiles]), torch.cat([tile.indices for tile in tiles]))
 
 
 def ranked_in_chunks(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_table: torch.Tensor,
-                     exclude: Sequence[CSR], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     exclude: Sequence[CSR], k: int) -> TopK:
     """:func:`ranked_items` by the backend's ``masked_topk`` over the products with
     :data:`ITEM_CHUNK` items at a time, each chunk's list merged into a running top k."""
     num_items = item_table.shape[0]
@@ -158,15 +159,15 @@ def ranked_in_chunks(ranking, user_rows: torch.Tensor, users: torch.Tensor, item
         chunk = item_table[offset:offset + ITEM_CHUNK]
         # ids outside the chunk, negative or beyond it, match no column
         shifted = [CSR(mask.indptr, mask.indices - offset, mask.num_rows, chunk.shape[0]) for mask in local]
-        values, columns = ranking.masked_topk(user_rows @ chunk.T, rows, shifted, min(k, chunk.shape[0]))
-        items = columns + offset
+        top = ranking.masked_topk(user_rows @ chunk.T, rows, shifted, min(k, chunk.shape[0]))
+        values, items = top.values, top.indices + offset
         if best_values is not None:
             # the earlier chunks' items first: a stable sort then orders equal scores by ascending id
             values, items = torch.cat([best_values, values], 1), torch.cat([best_items, items], 1)
             order = torch.sort(values, dim=1, descending=True, stable=True).indices[:, :k]
             values, items = values.gather(1, order), items.gather(1, order)
         best_values, best_items = values, items
-    return best_values, best_items
+    return TopK(best_values, best_items)
 
 
 @torch.no_grad()
@@ -232,10 +233,10 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
     for begin in range(0, evaluated.numel(), batch_size):
         users = evaluated[begin:begin + batch_size]
         user_rows = user_table[users]  # [B, d]
-        values, top = ranked_items(ranking, user_rows, users, item_table, masks, ranked)  # [B, K] each
-        found = ranking.rows_contain(truth, users, top)  # relevance of the ranked items
+        top = ranked_items(ranking, user_rows, users, item_table, masks, ranked)  # [B, K] each
+        found = ranking.rows_contain(truth, users, top.indices)  # relevance of the ranked items
         hits = torch.zeros(users.numel(), max_k, dtype=torch.float64, device=device)
-        hits[:, :ranked] = (found & (values > -math.inf)).double()
+        hits[:, :ranked] = (found & (top.values > -math.inf)).double()
 
         n_truth = counts_all[users].double()[:, None]  # [B, 1]
         found = torch.cumsum(hits, dim=1)[:, k_index]  # [B, len(ks)]: hits within each k

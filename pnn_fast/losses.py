@@ -421,9 +421,8 @@ class DNSLoss(_ChecksInputs, nn.Module):
                                                                   None if candidates_unknown else self.known, users)
         if candidates_unknown:  # nothing is known: every lookup would miss
             lookup = RowLookup(self.known.without_items, users)
-        bpr, hard, _ = impl.hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, self.known, lookup)
-        valid = hard >= 0
-        return bpr.sum() / valid.sum().clamp_min(1)
+        dns = impl.hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, self.known, lookup)
+        return dns.bpr.sum() / (dns.hard >= 0).sum().clamp_min(1)
 
 
 class CosineScores(NamedTuple):

@@ -44,9 +44,8 @@ def top_items(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.T
     ranking = backends.select(backend, user_table.device)
     for begin in range(0, users.numel(), batch_size):
         batch = users[begin:begin + batch_size].long()
-        scores, items = ranked_items(ranking, user_table[batch], batch, item_table, exclude, k)
-        items = torch.where(scores > -math.inf, items, torch.full_like(items, -1))
-        yield batch, items, scores
+        top = ranked_items(ranking, user_table[batch], batch, item_table, exclude, k)
+        yield batch, torch.where(top.values > -math.inf, top.indices, torch.full_like(top.indices, -1)), top.values
 
 
 def write_recommendations(path: os.PathLike | str, batches: Iterator[tuple], user_ids: Sequence | None,

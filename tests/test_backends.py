@@ -13,6 +13,8 @@ from torch.profiler import ProfilerActivity, profile
 from batches import DEVICES, TOLERANCE, make_batch, requires_kernels
 from pnn_fast import _extension, backends
 from pnn_fast.backends import reference
+from pnn_fast.backends.rows import ClassTerms, HardNegativeBPR, TopK
+from pnn_fast.csr import CSR
 from pnn_fast.sampling import sample_unknown
 
 if _extension.has_kernels("cpu"):
@@ -155,10 +157,12 @@ def test_hard_negative_bpr_matches_reference(per_row, grid):
     for module in (fused, reference):
         user_emb = batch["user_emb"].clone().requires_grad_()
         item_table = batch["item_table"].clone().requires_grad_()
-        bpr, hard, num_unlabeled = module.hard_negative_bpr(user_emb, item_table, *args)
+        found = module.hard_negative_bpr(user_emb, item_table, *args)
+        assert isinstance(found, HardNegativeBPR)
+        bpr = found.bpr
         grads = torch.autograd.grad((bpr * torch.linspace(0.5, 2, bpr.numel(), dtype=bpr.dtype)).sum(),
                                     [user_emb, item_table])
-        outs[module] = (bpr, hard, num_unlabeled) + grads
+        outs[module] = (bpr, found.hard, found.num_unlabeled) + grads
     for got, want in zip(outs[fused], outs[reference]):
         torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
 
@@ -319,3 +323,29 @@ def test_repeated_candidates_tie_exactly_and_smallest_index_wins(per_row):
     hard = reference.hard_negative(scores, torch.ones_like(scores, dtype=torch.bool))
     first = (cands == cands.gather(1, hard[:, None])).long().argmax(dim=1)
     assert torch.equal(hard, first)  # the first occurrence of the winning item
+
+
+@pytest.mark.parametrize("module", ["reference", "fused"])
+def test_multi_output_functions_return_named_results(module):
+    """Issue 68, item 5: no caller unpacks an op's outputs by position; each multi-output function
+    of both backends returns a NamedTuple whose fields say what each output is."""
+    if module == "fused" and not _extension.has_kernels("cpu"):
+        pytest.skip("the fused kernels are not built")
+    impl = fused if module == "fused" else reference
+    g = torch.Generator().manual_seed(0)
+    user_rows, item_table = torch.randn(3, 4, generator=g), torch.randn(7, 4, generator=g)
+    users = torch.arange(3)
+    exclude = CSR(torch.tensor([0, 1, 1, 3]), torch.tensor([2, 0, 5]), 3, 7)
+    top = impl.masked_topk(user_rows @ item_table.T, users, [exclude], 4)
+    assert isinstance(top, TopK) and top.values.shape == top.indices.shape == (3, 4)
+    assert top.indices.dtype == torch.int64 and bool((top.indices[0] != 2).all())
+    if module == "fused":
+        ranked = impl.dot_topk(user_rows, item_table, users, [exclude], 4)
+        assert isinstance(ranked, TopK)
+        torch.testing.assert_close(ranked.values, top.values)
+        assert torch.equal(ranked.indices, top.indices)
+    rows = [torch.randn(3, 4, generator=g) for _ in range(6)]
+    class_terms = fused.ops.class_terms if module == "fused" else reference.class_terms
+    terms = class_terms(*rows, torch.tensor([True, True, False]), torch.tensor([1, 0, 1]))
+    assert isinstance(terms, ClassTerms) and terms.rank.shape == terms.constrain.shape == (3,)
+    assert float(terms.rank[2]) == 0 and float(terms.constrain[1]) == 0  # not valid; no negative class

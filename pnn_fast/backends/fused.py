@@ -20,7 +20,7 @@ from .. import ops
 from ..known import KnownPositives, RowLookup
 from ..ops import (dot_topk, embedding_bpr, gathered_dots, gathered_norm, history_sample, lowest_k_mask,
                   masked_logsumexp, masked_topk, pairwise_uniformity, rows_contain, unit_rows, unknown_items)
-from .rows import NegSize, dot, gather_rows, negative_class_size
+from .rows import HardNegativeBPR, NegSize, dot, gather_rows, negative_class_size
 
 __all__ = ["csr_spmm", "dot_topk", "embedding_bpr", "gathered_dots", "gathered_norm", "hard_negative_bpr", "history_sample",
            "lowest_k_mask", "masked_logsumexp", "masked_topk", "pairwise_uniformity", "pnn_row_terms", "rows_contain", "unit_rows", "unknown_items"]
@@ -45,20 +45,19 @@ def csr_spmm(adj: torch.Tensor, x: torch.Tensor, addend: torch.Tensor | None = N
 
 
 def hard_negative_bpr(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
-                      candidates: torch.Tensor, known: KnownPositives, lookup: RowLookup | None = None):
+                      candidates: torch.Tensor, known: KnownPositives, lookup: RowLookup | None = None) -> HardNegativeBPR:
     """BPR against the in-row hardest unlabeled candidate; see :func:`pnn_fast.backends.reference.hard_negative_bpr`.
 
     Args:
         user_emb: float [B, d]; item_table: float [I, d]; users, pos_items: int [B];
         candidates: int [C] shared or [B, C] per row; lookup: as the reference's.
     Returns:
-        ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``.
+        :class:`~pnn_fast.backends.rows.HardNegativeBPR` ``(bpr [B], hard int64 [B], num_unlabeled int64 [B])``.
     """
     lookup = RowLookup(known, users) if lookup is None else lookup
     found = ops.hard_negative_argmax(user_emb, item_table, lookup.rows, pos_items, candidates, lookup.known)
-    hard, num_unlabeled = found.hard, found.num_unlabeled
-    bpr, _ = _bpr(user_emb, item_table, pos_items, candidates, hard)
-    return bpr, hard, num_unlabeled
+    bpr, _ = _bpr(user_emb, item_table, pos_items, candidates, found.hard)
+    return HardNegativeBPR(bpr, found.hard, found.num_unlabeled)
 
 
 def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, pos_items: torch.Tensor,
@@ -86,7 +85,7 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
         hard = ops.hard_negative_argmax(user_emb, item_table, rows, pos_items, hard_candidates, lookup).hard
         bpr, pos_emb = _bpr(user_emb, item_table, pos_items, hard_candidates, hard)
     # L_rank and L_constrain in one op each way, in place of some 60 ATen ops through autograd
-    rank, constrain = ops.class_terms(user_emb, pos_emb, classes.neutral, classes.negative, noise_pos, noise_neg,
-                                      valid, classes.num_negative)
-    return {"bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard,
+    terms = ops.class_terms(user_emb, pos_emb, classes.neutral, classes.negative, noise_pos, noise_neg, valid,
+                            classes.num_negative)
+    return {"bpr": bpr, "rank": terms.rank, "constrain": terms.constrain, "hard_negative": hard,
             "num_negative": classes.num_negative, "num_neutral": classes.num_neutral, "valid": valid}

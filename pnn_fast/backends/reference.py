@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..csr import CSR
 from ..known import KnownPositives, RowLookup
-from .rows import NORM_EPS, NegSize, dot, gather_rows, negative_class_size
+from .rows import NORM_EPS, ClassTerms, HardNegativeBPR, NegSize, TopK, dot, gather_rows, negative_class_size
 
 
 def candidate_embeddings(item_table: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -84,27 +84,29 @@ def _scored_rows(user_emb, item_table, pos_items, candidates, lookup: RowLookup)
     return scores, unlabeled, hard, pos_emb, bpr
 
 
-def hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, known, lookup: RowLookup | None = None):
+def hard_negative_bpr(user_emb, item_table, users, pos_items, candidates, known,
+                      lookup: RowLookup | None = None) -> HardNegativeBPR:
     """BPR against the in-row hardest unlabeled candidate (the paper's batch DNS).
 
     ``lookup``: where the rows' known items are looked up, when not ``known``'s rows ``users``
     (a compact table's ids, :mod:`pnn_fast.compact`).
-    Returns ``(bpr [B], hard_negative int64 [B], num_unlabeled int64 [B])``; bpr is 0 where the
-    row has no unlabeled candidate (hard_negative -1).
+    Returns :class:`~pnn_fast.backends.rows.HardNegativeBPR` ``(bpr [B], hard int64 [B],
+    num_unlabeled int64 [B])``; bpr is 0 where the row has no unlabeled candidate (hard -1).
     """
     lookup = RowLookup(known, users) if lookup is None else lookup
     _, unlabeled, hard, _, bpr = _scored_rows(user_emb, item_table, pos_items, candidates, lookup)
-    return bpr, hard, unlabeled.sum(dim=1)
+    return HardNegativeBPR(bpr, hard, unlabeled.sum(dim=1))
 
 
 def class_terms(user_emb: torch.Tensor, pos_emb: torch.Tensor, neutral: torch.Tensor, negative: torch.Tensor,
                 noise_pos: torch.Tensor, noise_neg: torch.Tensor, valid: torch.Tensor,
-                num_negative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                num_negative: torch.Tensor) -> ClassTerms:
     """L_rank and L_constrain of each row from its class centroids; see :func:`pnn_fast.ops.class_terms`.
 
     Args: float [B, d] ``user_emb``, ``pos_emb``, ``neutral`` (c_neu), ``negative`` (c_neg),
     ``noise_pos``, ``noise_neg``; bool [B] ``valid``; int64 [B] ``num_negative``.
-    Returns: ``(rank, constrain)``, float [B], 0 on rows that are not ``valid``.
+    Returns: :class:`~pnn_fast.backends.rows.ClassTerms` ``(rank, constrain)``, float [B], 0 on rows
+    that are not ``valid``.
     """
     zero = torch.zeros_like(user_emb[:, 0])
     has_negative = num_negative > 0
@@ -118,7 +120,7 @@ def class_terms(user_emb: torch.Tensor, pos_emb: torch.Tensor, neutral: torch.Te
     # e_neu cancels in their difference, so it is evaluated in the simplified form.
     gap = noise_pos * F.normalize(pos_emb, dim=1, eps=NORM_EPS) - noise_neg * F.normalize(negative, dim=1, eps=NORM_EPS)
     constrain = torch.where(valid & has_negative, gap.pow(2).sum(dim=1), zero)
-    return rank, constrain
+    return ClassTerms(rank, constrain)
 
 
 def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
@@ -149,7 +151,8 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
     # L_BPR with the in-batch dynamic hard negative, or DNS's
     scores, unlabeled, hard, pos_emb, bpr = _scored_rows(user_emb, item_table, pos_items, candidates, lookup)
     if hard_candidates is not None:
-        bpr, hard, _ = hard_negative_bpr(user_emb, item_table, users, pos_items, hard_candidates, known, lookup)
+        dns = hard_negative_bpr(user_emb, item_table, users, pos_items, hard_candidates, known, lookup)
+        bpr, hard = dns.bpr, dns.hard
     num_unlabeled = unlabeled.sum(dim=1)
     valid = num_unlabeled > 0
 
@@ -165,8 +168,8 @@ def pnn_row_terms(user_emb: torch.Tensor, item_table: torch.Tensor, users: torch
 
     c_neu = centroid(neutral, num_neutral)
     c_neg = centroid(negative, num_negative)
-    rank, constrain = class_terms(user_emb, pos_emb, c_neu, c_neg, noise_pos, noise_neg, valid, num_negative)
-    return {"bpr": bpr, "rank": rank, "constrain": constrain, "hard_negative": hard, "num_negative": num_negative,
+    terms = class_terms(user_emb, pos_emb, c_neu, c_neg, noise_pos, noise_neg, valid, num_negative)
+    return {"bpr": bpr, "rank": terms.rank, "constrain": terms.constrain, "hard_negative": hard, "num_negative": num_negative,
             "num_neutral": num_neutral, "valid": valid}
 
 
@@ -307,10 +310,11 @@ def pairwise_uniformity(x: torch.Tensor, t: float, keep: Optional[torch.Tensor] 
     return torch.logsumexp(logits.reshape(-1), dim=0) - torch.log(torch.tensor(float(n * (n - 1)), dtype=x.dtype, device=x.device))
 
 
-def _topk_lowest_column_on_ties(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_lowest_column_on_ties(scores: torch.Tensor, k: int) -> TopK:
     """The k best entries per row, best first, equal scores ordered by ascending column.
 
-    scores: float [B, n], k <= n.  Returns (values [B, k], columns int64 [B, k]).
+    scores: float [B, n], k <= n.  Returns :class:`~pnn_fast.backends.rows.TopK` (values [B, k],
+    columns int64 [B, k]).
     """
     # One extra entry tells whether the k-th score also occurs outside the top k: only in such
     # rows did torch.topk choose freely among tied columns, and there the lowest-numbered
@@ -332,14 +336,15 @@ def _topk_lowest_column_on_ties(scores: torch.Tensor, k: int) -> tuple[torch.Ten
     by_column = torch.argsort(columns, dim=1)
     columns, values = columns.gather(1, by_column), values.gather(1, by_column)
     by_score = torch.sort(values, dim=1, descending=True, stable=True).indices
-    return values.gather(1, by_score), columns.gather(1, by_score)
+    return TopK(values.gather(1, by_score), columns.gather(1, by_score))
 
 
-def masked_topk(scores: torch.Tensor, users: torch.Tensor, exclude: Sequence[CSR], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_topk(scores: torch.Tensor, users: torch.Tensor, exclude: Sequence[CSR], k: int) -> TopK:
     """Each row's k best columns, an excluded column scoring -inf (as :func:`pnn_fast.ops.masked_topk`).
 
     scores: float [B, I]; users: int [B]; exclude: CSR over users; 1 <= k <= I.
-    Returns (values [B, k], columns int64 [B, k]), best first, equal scores by ascending column.
+    Returns :class:`~pnn_fast.backends.rows.TopK` (values [B, k], columns int64 [B, k]), best first,
+    equal scores by ascending column.
     """
     if not 1 <= k <= scores.shape[1]:
         raise ValueError(f"k must lie in [1, I] = [1, {scores.shape[1]}], got {k}")

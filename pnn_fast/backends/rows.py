@@ -4,7 +4,7 @@ apart on them. Pure PyTorch on [B] and [B, d] tensors.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import NamedTuple, Union
 
 import torch
 
@@ -13,6 +13,25 @@ NegSize = Union[str, int]
 
 #: eps of the L2 normalisation in the clamp term and the uniformity term (as F.normalize)
 NORM_EPS = 1e-12
+
+
+class TopK(NamedTuple):
+    """Each row's k best entries, best first (what the ranking ops of both backends return)."""
+    values: torch.Tensor  #: float [B, k], -inf for excluded columns
+    indices: torch.Tensor  #: int64 [B, k], the columns (items) of ``values``
+
+
+class HardNegativeBPR(NamedTuple):
+    """BPR against each row's hardest unlabeled candidate (what ``hard_negative_bpr`` of both backends returns)."""
+    bpr: torch.Tensor  #: float [B], 0 where the row has no unlabeled candidate
+    hard: torch.Tensor  #: int64 [B], the candidate's index in its row, -1 where there is none
+    num_unlabeled: torch.Tensor  #: int64 [B], |U_b|
+
+
+class ClassTerms(NamedTuple):
+    """PNN's two per-row class terms (what ``class_terms`` of both backends returns)."""
+    rank: torch.Tensor  #: float [B], L_rank
+    constrain: torch.Tensor  #: float [B], L_constrain
 
 
 def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

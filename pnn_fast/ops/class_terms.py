@@ -6,12 +6,13 @@ import torch
 
 from .. import _extension
 from .._checks import check_same
+from ..backends.rows import ClassTerms
 from ._common import OPS
 
 
 def class_terms(user_emb: torch.Tensor, pos_emb: torch.Tensor, neutral: torch.Tensor, negative: torch.Tensor,
                 noise_pos: torch.Tensor, noise_neg: torch.Tensor, valid: torch.Tensor,
-                num_negative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                num_negative: torch.Tensor) -> ClassTerms:
     """L_rank and L_constrain per row, as :func:`pnn_fast.backends.reference.class_terms` computes them.
 
     ``rank = softplus(<u, c_neu> - <u, p>) + [n_neg > 0] softplus(<u, c_neg> - <u, c_neu>)`` and
@@ -23,16 +24,16 @@ def class_terms(user_emb: torch.Tensor, pos_emb: torch.Tensor, neutral: torch.Te
         noise_pos, noise_neg: float [B, d] (z_pos, z_neg), same dtype, not differentiated;
         valid: bool [B] (|U_b| > 0); num_negative: int [B] (the negative class's size).
     Returns:
-        ``(rank, constrain)``: [B] in user_emb's dtype, differentiable w.r.t. ``user_emb``,
-        ``pos_emb``, ``neutral`` and ``negative``; rows are independent, so every result is the
-        same for any thread count.
+        :class:`~pnn_fast.backends.rows.ClassTerms` ``(rank, constrain)``: [B] in user_emb's dtype,
+        differentiable w.r.t. ``user_emb``, ``pos_emb``, ``neutral`` and ``negative``; rows are
+        independent, so every result is the same for any thread count.
     """
     _extension.require_kernels(user_emb.device)
     check_same("user_emb", user_emb, [("pos_emb", pos_emb), ("neutral", neutral), ("negative", negative),
                                       ("noise_pos", noise_pos), ("noise_neg", noise_neg)], dtype=True)
     check_same("user_emb", user_emb, [("valid", valid), ("num_negative", num_negative)], dtype=False)
-    return OPS.class_terms_fwd.default(user_emb, pos_emb, neutral, negative, noise_pos, noise_neg, valid.bool(),
-                                       num_negative.long())
+    return ClassTerms(*OPS.class_terms_fwd.default(user_emb, pos_emb, neutral, negative, noise_pos, noise_neg,
+                                                   valid.bool(), num_negative.long()))
 
 
 @torch.library.register_fake("pnn_fast::class_terms_fwd")

@@ -8,12 +8,13 @@ import torch
 
 from .. import _extension
 from .._checks import check_same
+from ..backends.rows import TopK
 from ..csr import CSR
 from ._common import OPS
 
 
 def dot_topk(user_rows: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor, exclude: Sequence[CSR], k: int,
-             block_items: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+             block_items: int = 0) -> TopK:
     """:func:`~pnn_fast.ops.masked_topk` of ``user_rows @ item_table.T``, computed ``block_items``
     items at a time into one buffer, each row's top k kept from block to block.
 
@@ -28,16 +29,17 @@ def dot_topk(user_rows: torch.Tensor, item_table: torch.Tensor, users: torch.Ten
         k: 1 <= k <= I.
         block_items: items scored at a time; 0 lets the op size the block to stay in cache.
     Returns:
-        (values [T, k] of user_rows' dtype, best first, equal scores by ascending item, ``-inf``
-        for excluded items; items int64 [T, k]).
+        :class:`~pnn_fast.backends.rows.TopK` ``(values, indices)``: values [T, k] of user_rows'
+        dtype, best first, equal scores by ascending item, ``-inf`` for excluded items; indices
+        int64 [T, k], the items.
     Raises:
         ValueError: a NaN score at an item that is not excluded, or k out of range.
     """
     _extension.require_kernels(user_rows.device)
     check_same("user_rows", user_rows, [("item_table", item_table), ("users", users)]
                + [(f"exclude[{n}]", e.indptr) for n, e in enumerate(exclude)], dtype=False)
-    return OPS.dot_topk.default(user_rows, item_table, users.long(), [e.indptr for e in exclude],
-                                [e.indices for e in exclude], k, block_items)
+    return TopK(*OPS.dot_topk.default(user_rows, item_table, users.long(), [e.indptr for e in exclude],
+                                      [e.indices for e in exclude], k, block_items))
 
 
 @torch.library.register_fake("pnn_fast::dot_topk")
