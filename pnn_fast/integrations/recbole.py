@@ -42,6 +42,7 @@ import torch
 from ..backends.rows import gather_rows
 from ..known import KnownPositives
 from ..losses import DNSLoss, PNNLoss, loss_defaults
+from ..objectives.dns import DNSObjective
 from ..sampling import sample_unknown
 
 __all__ = ["DNSLightGCN", "DNSMF", "PNNLightGCN", "PNNMF", "known_positives", "run_recbole"]
@@ -54,7 +55,8 @@ PNN_KEYS = {"pnn_alpha": "alpha", "pnn_beta": "beta", "pnn_noise_max": "noise_ma
             "pnn_use_rank": "use_rank", "pnn_candidates": "num_candidates",
             "pnn_hard_candidates": "num_hard_candidates", "loss_backend": "backend"}
 PNN_DEFAULTS = {key: loss_defaults(PNNLoss)[argument] for key, argument in PNN_KEYS.items()}
-DNS_DEFAULTS = {"dns_candidates": 8, "loss_backend": "auto"}
+#: the trainer's DNS draws as many candidates (its objective's default), on the loss's default backend
+DNS_DEFAULTS = {"dns_candidates": DNSObjective.DEFAULTS["candidates"], "loss_backend": loss_defaults(DNSLoss)["backend"]}
 MF_DEFAULTS = {"embedding_size": 64}  # RecBole's BPR.yaml
 LIGHTGCN_DEFAULTS = {"embedding_size": 64, "n_layers": 2, "reg_weight": 1e-05, "require_pow": False}  # LightGCN.yaml
 
