@@ -143,6 +143,18 @@ def check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
+#: seeds are ints in [0, SEED_LIMIT): torch's CPU generator keeps a seed's low 32 bits, so seeds that
+#: differ by 2^32 (or -1 and 2^32 - 1) would give the same run; the split's hidden share uses seed + 1
+SEED_LIMIT = 2**31
+
+
+def check_seed(name: str, value) -> int:
+    """``value`` once it is an int in ``[0, 2^31)``: two such seeds never give the same random stream."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"{name} must be an int in [0, 2^31), got {value!r}")
+    return int(value)
+
+
 def check_neg_size(neg_size, candidates: Optional[int] = None, candidates_name: str = "num_candidates"):
     """``neg_size`` itself: "proportional", "count" or an int >= 0, and below ``candidates`` when
     given: a row's negative class holds at most K - 1 of its K candidates (the neutral class keeps
@@ -162,8 +174,14 @@ def check_ids(name: str, ids, size: int, shape: Optional[Sequence[int]]) -> None
     check_values([(name, ids, size)], [])
 
 
+def _refuse_meta(name: str, x: torch.Tensor) -> None:
+    if x.device.type == "meta":  # shapes only: nothing to compute from
+        raise ValueError(f"{name} is a meta tensor (a shape with no data); pass it on a real device (cpu, cuda)")
+
+
 def check_id_tensor(name: str, ids, shape: Optional[Sequence[int]]) -> None:
     require_tensor(name, ids)
+    _refuse_meta(name, ids)
     if ids.dtype not in _ID_DTYPES:
         raise TypeError(f"{name} must be int32 or int64, got {ids.dtype}")
     if shape is not None and tuple(ids.shape) != tuple(shape):
@@ -172,8 +190,7 @@ def check_id_tensor(name: str, ids, shape: Optional[Sequence[int]]) -> None:
 
 def check_embedding(name: str, x, *, rows: Optional[int], dim: int) -> None:
     require_tensor(name, x)
-    if x.device.type == "meta":  # shapes only: nothing to compute a loss from
-        raise ValueError(f"{name} is a meta tensor (a shape with no data); pass it on a real device (cpu, cuda)")
+    _refuse_meta(name, x)
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
     if x.dim() != 2:

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import torch
 
-from ._checks import check_device, check_int, check_real
+from ._checks import check_device, check_int, check_real, check_seed
 from .data import load_dataset, synthetic_dataset
+from .data.parsers import text_lines
 from .objectives import OBJECTIVES
 from .study import load_plan, run_study, write_summary
 from .csr import CSR
 from .recommend import export_embeddings, top_items, write_recommendations
-from .train import (Trainer, TrainConfig, TrainingInterrupted, check_fingerprint, load_config, read_checkpoint,
-                    run)
+from .train import (Trainer, TrainConfig, TrainingInterrupted, check_arguments, check_fingerprint, load_config,
+                    read_checkpoint, run)
 
 EXAMPLES = """examples:
   pnn-fast train                                   # built-in synthetic data, MF + PNN
@@ -70,19 +71,23 @@ def _add_data_args(p: argparse.ArgumentParser, from_checkpoint: bool = False) ->
                    help=note.lstrip("; ") or None)
     g.add_argument("--split", default=default("split"), choices=["auto", "files", "rs"],
                    help="files' own split, or RecBole's per-user random 8:1:1 ('rs', the paper's protocol)" + note)
-    g.add_argument("--split-seed", type=int, default=default("split_seed"), help="seed of the 'rs' split" + note)
+    g.add_argument("--split-seed", type=_checked(int, check_seed, "--split-seed"), default=default("split_seed"),
+                   help="seed of the 'rs' split" + note)
     g.add_argument("--rating-threshold", type=float, default=default("rating_threshold"),
                    help="keep ratings >= this" + note)
     g.add_argument("--kcore", type=int, default=default("kcore"),
                    help="drop users/items with fewer interactions (iterated)" + note)
 
 
-def _add_train_args(p: argparse.ArgumentParser) -> None:
+def _add_train_args(p: argparse.ArgumentParser, compare: bool = False) -> None:
+    """The options of a run; ``compare`` takes its losses from --losses, not --loss, and a
+    ``LOSS.KEY=VALUE`` form of --loss-arg for one of them."""
     d = TrainConfig()
     pnn = OBJECTIVES["pnn"].DEFAULTS
     g = p.add_argument_group("model and optimisation")
     g.add_argument("--model", default=d.model, choices=["mf", "lightgcn", "ngcf", "sgl"])
-    g.add_argument("--loss", default=d.loss, choices=sorted(OBJECTIVES))
+    if not compare:
+        g.add_argument("--loss", default=d.loss, choices=sorted(OBJECTIVES))
     g.add_argument("--dim", type=int, default=d.dim, help="embedding size")
     g.add_argument("--epochs", type=int, default=None,
                    help=f"at most this many epochs (default {d.epochs}; {SYNTHETIC_EPOCHS} on the built-in synthetic data)")
@@ -91,7 +96,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reg-weight", type=float, default=d.reg_weight,
                    help="weight of the L2 term, RecBole's EmbLoss over the batch's layer-0 rows: "
                         "(||U[users]|| + ||I[pos]|| + ||I[neg]||) / B")
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--seed", type=_checked(int, check_seed, "--seed"), default=d.seed)
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
     g.add_argument("--patience", type=int, default=d.patience,
                    help="early stopping: validations without improvement")
@@ -103,9 +108,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         "embedding tables (mf; losses bpr, bsl, dns, pnn, psl, sl, slatk)")
     g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a model hyper-parameter by RecBole's name, e.g. n_layers=3 (repeatable)")
-    g.add_argument("--loss-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="a hyper-parameter of the chosen loss by name, e.g. candidates=16 (repeatable; "
-                        "each loss's DEFAULTS in pnn_fast/objectives/<loss>.py)")
+    g.add_argument("--loss-arg", action="append", default=[], metavar="LOSS.KEY=VALUE" if compare else "KEY=VALUE",
+                   help=("a hyper-parameter of one compared loss, e.g. sl.temperature=0.2 (repeatable; KEY=VALUE "
+                         "for every loss)" if compare else "a hyper-parameter of the chosen loss by name, e.g. "
+                         "candidates=16 (repeatable)") + "; each loss's DEFAULTS in pnn_fast/objectives/<loss>.py")
     g = p.add_argument_group("dns")
     g.add_argument("--dns-candidates", type=_checked(int, check_int, "candidates", minimum=1),
                    default=OBJECTIVES["dns"].DEFAULTS["candidates"],
@@ -145,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="train several losses on one model and data; a table of the results",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_data_args(cmp)
-    _add_train_args(cmp)
+    _add_train_args(cmp, compare=True)
     cmp.add_argument("--losses", default="bpr,dns,pnn",
                      help="comma-separated losses; bpr, dns and pnn are always included, side by side")
     cmp.add_argument("--out", default=None, help="output folder (default runs/<data>-<model>-compare)")
@@ -204,6 +210,23 @@ def _parse_pairs(option: str, pairs: list) -> dict:
     return out
 
 
+def _own_pairs(loss: str, pairs: dict, run_losses: list) -> dict:
+    """The --loss-arg pairs of ``loss``: every ``KEY`` and its own ``LOSS.KEY`` (compare's form, one
+    loss of several); ``OTHER.KEY`` of another loss of the run is left to that loss."""
+    own = {}
+    for key, value in pairs.items():
+        owner, dot, name = key.rpartition(".")
+        if not dot:
+            own[key] = value
+        elif owner not in run_losses:
+            raise ValueError(f"--loss-arg {key}: {owner!r} is not a loss of this run ({', '.join(run_losses)})")
+        elif owner == loss:
+            if name in own:
+                raise ValueError(f"--loss-arg {name} is given twice (as {name} and as {key}); give it once")
+            own[name] = value
+    return own
+
+
 def _float_word(value: str):
     """``value`` as a float where Python reads it as one and JSON does not ("inf", "nan"), so that the
     loss's own check names it as a number out of range; else the string itself."""
@@ -252,7 +275,8 @@ def _loss_args(args) -> dict:
                  "backend": args.backend}
     else:
         named = {"backend": args.backend} if "backend" in OBJECTIVES[args.loss].DEFAULTS else {}
-    pairs = _parse_pairs("--loss-arg", args.loss_arg)
+    run_losses = compared_losses(args.losses) if args.command == "compare" else [args.loss]
+    pairs = _own_pairs(args.loss, _parse_pairs("--loss-arg", args.loss_arg), run_losses)
     if args.loss == "pnn" and "preset" in pairs:
         # a preset sets every PNN argument but the backend: the flags' defaults give way to it,
         # and a flag set to anything else contradicts it
@@ -291,6 +315,8 @@ def _config(args, loss: str):
 
 
 def _train(args) -> None:
+    if args.resume and args.overwrite:  # (the trainer refuses it too; here before the data load)
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it; give one")
     _check_loss_flags(args, [args.loss])
     config = _config(args, args.loss)
     data = _load_data(args)
@@ -329,7 +355,14 @@ def _compare(args) -> None:
     if unknown:
         raise ValueError(f"--losses: unknown loss(es) {unknown}; choose from {sorted(OBJECTIVES)}")
     _check_loss_flags(args, losses)
+    for key in _parse_pairs("--loss-arg", args.loss_arg):  # a bare KEY goes to every loss compared
+        without = [loss for loss in losses if "." not in key and key not in OBJECTIVES[loss].DEFAULTS]
+        if without:
+            raise ValueError(f"--loss-arg {key}: loss {without[0]!r} of this comparison has no such argument; give "
+                             f"it to one loss as LOSS.KEY=VALUE (e.g. {losses[-1]}.{key}=...)")
     configs = {loss: _config(args, loss) for loss in losses}  # every config checked before any training
+    for config in configs.values():
+        check_arguments(config)
     data = _load_data(args)
     print(data.summary())
     out = Path(args.out or Path("runs") / f"{data.name}-{args.model}-compare")
@@ -370,34 +403,40 @@ def _evaluate(args) -> None:
 
 
 def _user_rows(path: str, data) -> torch.Tensor:
-    """The internal ids of the users a file lists, one original id a line (blank lines skipped)."""
+    """The internal ids of the users a file lists, one original id a line (blank lines skipped); a
+    user listed twice is refused (its rows would be written twice)."""
     internal = {str(name): row for row, name in enumerate(data.user_ids)} if data.user_ids is not None else None
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            row = internal.get(text) if internal is not None else (int(text) if text.isdigit() else None)
-            if row is None or not 0 <= row < data.num_users:
-                raise ValueError(f"{path}:{number}: user {text!r} is not in --data")
-            rows.append(row)
+    rows, first_line = [], {}
+    for number, text in text_lines(path):
+        row = internal.get(text) if internal is not None else (int(text) if text.isdigit() else None)
+        if row is None or not 0 <= row < data.num_users:
+            raise ValueError(f"{path}:{number}: user {text!r} is not in --data")
+        if row in first_line:
+            raise ValueError(f"{path}:{number}: user {text!r} is listed again (first at line {first_line[row]})")
+        first_line[row] = number
+        rows.append(row)
     if not rows:
         raise ValueError(f"--users {path} lists no user")
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def _writable_file(option: str, path) -> None:
-    """A file to be written must have a folder to go in, checked before the work that fills it."""
-    folder = Path(path).resolve().parent
-    if not folder.is_dir():
-        raise ValueError(f"{option} {path}: its folder {folder} does not exist")
+def _writable(option: str, path, *, folder: bool) -> None:
+    """Where a file (or, with ``folder``, a folder of files) will be written must have a folder to go
+    in and must not be the other kind of thing, checked before the work that fills it."""
+    path = Path(path)
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise ValueError(f"{option} {path}: its folder {parent} does not exist")
+    if folder and path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path} is a file; it names a folder to write the embeddings into")
+    if not folder and path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give the path of the CSV file to write")
 
 
 def _recommend(args) -> None:
-    _writable_file("--out", args.out)
+    _writable("--out", args.out, folder=False)
     if args.embeddings:
-        _writable_file("--embeddings", args.embeddings)
+        _writable("--embeddings", args.embeddings, folder=True)
     if args.users and not Path(args.users).is_file():
         raise ValueError(f"--users {args.users}: no such file")
     data, trainer = _trained_model(args)

@@ -124,8 +124,9 @@ def ranked_items(ranking, user_rows: torch.Tensor, users: torch.Tensor, item_tab
         ranking: a backend module; user_rows: float [T, d]; users: int [T], their rows in
         ``exclude``; item_table: float [I, d]; exclude: CSRs over users; 1 <= k <= I.
     Returns:
-        :class:`~pnn_fast.backends.rows.TopK` (values [T, k], indices int64 [T, k], the items): best first, equal scores by ascending item id (as one
-        ``masked_topk`` over all I columns gives), ``-inf`` for excluded items.
+        :class:`~pnn_fast.backends.rows.TopK` (values [T, k], indices int64 [T, k], the items): best
+        first, equal scores by ascending item id (as one ``masked_topk`` over all I columns gives),
+        ``-inf`` for excluded items.
     """
     if item_table.device.type != "cpu":
         return ranked_in_chunks(ranking, user_rows, users, item_table, exclude, k)
@@ -198,6 +199,8 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
                          f"and {list(item_table.shape)}")
     if user_table.device != item_table.device:
         raise ValueError(f"user_table is on {user_table.device} but item_table on {item_table.device}")
+    if isinstance(ks, (str, bytes)) or not all(isinstance(k, int) and not isinstance(k, bool) for k in ks):
+        raise ValueError(f"ks must be a list of positive ints, got {ks!r}")  # (a string "25" is not [2, 5])
     ks = [int(k) for k in ks]
     if not ks or any(k <= 0 for k in ks):
         raise ValueError(f"ks must be positive ints, got {ks}")
@@ -220,11 +223,12 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
     masks = [_as_csr(f"exclude[{n}]", e, num_users, num_items, device) for n, e in enumerate(exclude)]
 
     max_k = max(ks)
-    ranked = min(max_k, num_items)
-    positions = torch.arange(1, max_k + 1, device=device, dtype=torch.float64)
+    ranked = min(max_k, num_items)  # a cut-off past the catalog ranks every item, and no more
+    positions = torch.arange(1, ranked + 1, device=device, dtype=torch.float64)
     discount = 1.0 / torch.log2(positions + 1)
     ideal = torch.cumsum(discount, 0)  # ideal[j-1]: IDCG with j relevant items
     k_index = torch.tensor(ks, device=device) - 1
+    at = k_index.clamp(max=ranked - 1)  # the last ranked position within each cut-off
     k_float = torch.tensor(ks, device=device, dtype=torch.float64)
     sums = {name: torch.zeros(len(ks), dtype=torch.float64, device=device) for name in metrics}
 
@@ -235,11 +239,10 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
         user_rows = user_table[users]  # [B, d]
         top = ranked_items(ranking, user_rows, users, item_table, masks, ranked)  # [B, K] each
         found = ranking.rows_contain(truth, users, top.indices)  # relevance of the ranked items
-        hits = torch.zeros(users.numel(), max_k, dtype=torch.float64, device=device)
-        hits[:, :ranked] = (found & (top.values > -math.inf)).double()
+        hits = (found & (top.values > -math.inf)).double()  # [B, ranked]
 
         n_truth = counts_all[users].double()[:, None]  # [B, 1]
-        found = torch.cumsum(hits, dim=1)[:, k_index]  # [B, len(ks)]: hits within each k
+        found = torch.cumsum(hits, dim=1)[:, at]  # [B, len(ks)]: hits within each k
         if "recall" in sums:
             sums["recall"] += (found / n_truth).sum(0)
         if "precision" in sums:
@@ -247,7 +250,7 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
         if "hit" in sums:
             sums["hit"] += (found > 0).double().sum(0)
         if "ndcg" in sums:
-            dcg = torch.cumsum(hits * discount, dim=1)[:, k_index]
+            dcg = torch.cumsum(hits * discount, dim=1)[:, at]
             best = torch.minimum(n_truth.long(), k_index[None, :] + 1)  # min(|R_u|, k)
             sums["ndcg"] += (dcg / ideal[best - 1]).sum(0)
         if "mrr" in sums:

@@ -155,18 +155,18 @@ class PNNLoss(_ChecksInputs, nn.Module):
         self.noise_max = check_real("noise_max", noise_max)
         self.neg_size = neg_size
         self.uniform_t = check_real("uniform_t", uniform_t, low_open=True)
-        self.uniform_normalize = uniform_normalize
+        self.uniform_normalize = check_bool("uniform_normalize", uniform_normalize)
         self.uniform_over = uniform_over
         self.lambda_mode = lambda_mode
         self.fixed_lambda = check_real("fixed_lambda", fixed_lambda, high=1.0)
         self.lambda_range = lambda_range
-        self.use_rank = use_rank
+        self.use_rank = check_bool("use_rank", use_rank)
         self.rank_weight = check_real("rank_weight", rank_weight)
         self.num_candidates, self.num_hard_candidates = num_candidates, num_hard_candidates
-        self.candidates_across_ranks = bool(candidates_across_ranks)
+        self.candidates_across_ranks = check_bool("candidates_across_ranks", candidates_across_ranks)
         self.backend = backends.check_name(backend)
         self.validate = check_validate(validate)
-        self.sparse = bool(sparse)
+        self.sparse = check_bool("sparse", sparse)
         self.attention = UserAwareAttention(dim, history_len, lambda_temperature) if lambda_mode == "attention" else None
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
@@ -363,7 +363,7 @@ class BPRLoss(_ChecksInputs, nn.Module):
         super().__init__()
         self.backend = backends.check_name(backend)
         self.validate = check_validate(validate)
-        self.sparse = bool(sparse)
+        self.sparse = check_bool("sparse", sparse)
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, pos_items: torch.Tensor,
                 neg_items: torch.Tensor) -> torch.Tensor:
@@ -399,7 +399,7 @@ class DNSLoss(_ChecksInputs, nn.Module):
         self.known = known
         self.backend = backends.check_name(backend)
         self.validate = check_validate(validate)
-        self.sparse = bool(sparse)
+        self.sparse = check_bool("sparse", sparse)
 
     def forward(self, user_emb: torch.Tensor, item_table: torch.Tensor, users: torch.Tensor,
                 pos_items: torch.Tensor, neg_items: Optional[torch.Tensor] = None, *,
@@ -615,7 +615,7 @@ class SampledCosineLoss(_ChecksInputs, nn.Module):
         self._item_counts = torch.bincount(known.indices, minlength=known.num_items).double() if logq else None
         self.backend = backends.check_name(backend)
         self.validate = check_validate(validate)
-        self.sparse = bool(sparse)
+        self.sparse = check_bool("sparse", sparse)
 
     def sample_negatives(self, users: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """int64 [B, num_negatives]: uniform draws, with replacement, from each user's unknown items; with

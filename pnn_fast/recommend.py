@@ -39,8 +39,8 @@ def top_items(user_table: torch.Tensor, item_table: torch.Tensor, users: torch.T
         by ascending item id; a user with fewer than k items left has -1 items and -inf scores in
         the remaining slots.
     """
-    if not 1 <= k <= item_table.shape[0]:
-        raise ValueError(f"k must lie in [1, {item_table.shape[0]}] (the number of items), got {k}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= item_table.shape[0]:
+        raise ValueError(f"k must be an int in [1, {item_table.shape[0]}] (the number of items), got {k!r}")
     ranking = backends.select(backend, user_table.device)
     for begin in range(0, users.numel(), batch_size):
         batch = users[begin:begin + batch_size].long()

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from . import backends
+from ._checks import check_int
 from .known import KnownPositives
 
 
@@ -42,7 +43,8 @@ def sample_unknown(known: KnownPositives, users: torch.Tensor, num: int,
     Returns:
         int64 [B, num].
     """
-    uniform = torch.rand(users.numel(), num, generator=generator, device=users.device, dtype=torch.float32)
+    uniform = torch.rand(users.numel(), check_int("num", num, 0), generator=generator, device=users.device,
+                         dtype=torch.float32)
     return unknown_from_uniform(known, users, uniform, backend)
 
 

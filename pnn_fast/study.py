@@ -75,7 +75,7 @@ from .data import Dataset, load_dataset, synthetic_dataset
 from .data.loaders import FORMATS, SPLITS
 from .models import MODELS
 from .objectives import OBJECTIVES
-from .train import TrainConfig, run
+from .train import TrainConfig, check_arguments, run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -91,7 +91,7 @@ RESULTS_FILE, CHECKPOINT_FILE, ERROR_FILE = "results.json", "checkpoint.pt", "er
 # Names become folder and file names; without '.', "<dataset>.<model>.png" is unambiguous.
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 # TrainConfig fields that each cell sets itself; every other field may be set by any table.
-_CELL_FIELDS = {"model", "loss", "seed", "model_args", "loss_args"}
+_CELL_FIELDS = {"model", "loss", "seed", "model_args", "loss_args", "data_args"}  # (data_args: the dataset's table)
 _OVERRIDE_KINDS = {f.name: list[int] if isinstance(f.default, tuple) else type(f.default)
                    for f in dataclasses.fields(TrainConfig) if f.name not in _CELL_FIELDS}
 _COMMON_KEYS = {"seeds": list[int], **_OVERRIDE_KINDS}
@@ -102,7 +102,7 @@ _SECTION_KEYS = {
     "models": {"name": str, "model": str, "model_args": dict},
     "configs": {"name": str, "loss": str, "loss_args": dict},
 }
-_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "a table",
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table",
                list[int]: "an array of integers", list[str]: "an array of strings"}
 
 
@@ -285,7 +285,7 @@ class _PlanReader:
                                         (("datasets", datasets), ("models", models), ("configs", configs))
                                         for i, entry in enumerate(entries)]
         overrides = {where: self.overrides(where, table) for where, table in located}
-        groups = {}
+        groups, checked = {}, set()
         for (d, dataset), (m, model), (c, config) in product(*map(enumerate, (datasets, models, configs))):
             # the most specific table wins: config > model > dataset > study
             tables = [("study", study), (f"datasets[{d}]", dataset), (f"models[{m}]", model), (f"configs[{c}]", config)]
@@ -299,6 +299,12 @@ class _PlanReader:
                 raise self.error(where, err) from None
             if not {int(metric.partition("@")[2]) for metric in SUMMARY_METRICS} <= set(base.ks):
                 raise self.error(where, f"ks must include the summary's k (metrics {SUMMARY_METRICS}), got {base.ks}")
+            if (m, c) not in checked:  # the arguments' values, on small data: the dataset does not change them
+                try:
+                    check_arguments(base)
+                except (ValueError, TypeError) as err:
+                    raise self.error(where, err) from None
+                checked.add((m, c))
             groups[dataset["name"], model["name"], config["name"]] = tuple(
                 Cell(dataset_specs[d], model["name"], config["name"], dataclasses.replace(base, seed=seed))
                 for seed in seeds)

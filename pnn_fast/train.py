@@ -30,11 +30,11 @@ from torch.optim.adam import adam as functional_adam
 from tqdm.auto import tqdm
 
 from . import distributed
-from ._checks import check_device, check_real, raise_kernel_input_error, take_kernel_input_error
+from ._checks import check_device, check_real, check_seed, raise_kernel_input_error, take_kernel_input_error
 from ._extension import build_info
 from ._files import write_text_atomic
 from ._version import __version__, source_revision
-from .data import Dataset
+from .data import Dataset, synthetic_dataset
 from .eval import evaluate
 from .csr import CSR
 from .known import KnownPositives
@@ -79,6 +79,10 @@ class TrainConfig:
         if not isinstance(self.sparse, bool):
             raise ValueError(f"sparse must be True or False, got {self.sparse!r}")
         check_real("reg_weight", self.reg_weight)
+        check_seed("seed", self.seed)
+        if isinstance(self.ks, (str, bytes)) or not self.ks or not all(
+                isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in self.ks):
+            raise ValueError(f"ks must be a list of ints >= 1, got {self.ks!r}")
         metric, _, k = self.valid_metric.partition("@")
         if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit() or int(k) == 0:
             raise ValueError(f"valid_metric must look like 'ndcg@20' (a cut-off of at least 1), got {self.valid_metric!r}")
@@ -186,6 +190,35 @@ class BatchStep(nn.Module):
                                                      sparse=self.sparse)
 
 
+def build_model_and_objective(config: TrainConfig, known: KnownPositives, train_users: torch.Tensor,
+                              train_items: torch.Tensor, device: torch.device) -> tuple[Recommender, nn.Module]:
+    """The run's model and objective, their arguments checked (``--sparse`` needs a model that scores
+    with its embedding tables themselves)."""
+    model = build_model(config.model, known.num_users, known.num_items, train_users, train_items,
+                        dim=config.dim, **config.model_args).to(device)
+    if config.sparse:
+        user_table, item_table = model.embeddings()
+        if user_table is not model.user_embedding.weight or item_table is not model.item_embedding.weight:
+            raise ValueError(f"--sparse needs a model that scores with its embedding tables (mf); "
+                             f"{config.model} computes its tables from the whole graph every step")
+    objective = build_objective(config.loss, known, model, sparse=config.sparse, **config.loss_args).to(device)
+    return model, objective
+
+
+#: the small data set on which :func:`check_arguments` builds a run's model and objective
+_ARGUMENT_CHECK_DATA = {"num_users": 32, "num_items": 4096, "interactions_per_user": 8, "seed": 0}
+
+
+def check_arguments(config: TrainConfig) -> None:
+    """Refuse a bad model or loss argument before anything trains: builds the config's model and
+    objective on a small built-in data set (on the CPU), where the same checks run as in training.
+    The study runner checks every cell with it, ``compare`` every loss; what only the real data
+    decide (a catalog too small for a setting, say) is still checked when the run loads them."""
+    data = synthetic_dataset(**_ARGUMENT_CHECK_DATA)
+    known = KnownPositives.from_pairs(*data.train, data.num_users, data.num_items)
+    build_model_and_objective(config, known, *data.train, torch.device("cpu"))
+
+
 class Trainer:
     """Trains ``config.model`` with ``config.loss`` on ``data``; results and checkpoints go to ``out_dir``.
 
@@ -212,12 +245,10 @@ class Trainer:
         self.held_out = {name: CSR.from_pairs(*(t.to(self.device) for t in getattr(data, name)),
                                               data.num_users, data.num_items)
                          for name in ("valid", "test") if getattr(data, name)[0].numel()}
-        self.model = build_model(config.model, data.num_users, data.num_items, train_users, train_items,
-                                 dim=config.dim, **config.model_args).to(self.device)
-        if config.sparse:
-            self._check_sparse()
-        self.objective = build_objective(config.loss, self.known, self.model, sparse=config.sparse,
-                                         **config.loss_args).to(self.device)
+        if config.sparse and self.world_size > 1:
+            raise ValueError("--sparse runs in one process; under torchrun, train without it")
+        self.model, self.objective = build_model_and_objective(config, self.known, train_users, train_items,
+                                                               self.device)
         self.step = BatchStep(self.model, self.objective, config.reg_weight, config.sparse)
         if self.world_size > 1:  # rank 0's initial parameters are broadcast to every replica
             self.step = DistributedDataParallel(self.step, device_ids=[self.device] if self.device.type == "cuda"
@@ -238,15 +269,6 @@ class Trainer:
         self.fingerprint = data.fingerprint()  # stored in checkpoints: resume refuses other data
         self.best = {"epoch": -1, "score": -math.inf, "state": None}
         self.epoch = 0
-
-    def _check_sparse(self) -> None:
-        """``--sparse`` needs a model that scores with its embedding tables themselves, one process."""
-        user_table, item_table = self.model.embeddings()
-        if user_table is not self.model.user_embedding.weight or item_table is not self.model.item_embedding.weight:
-            raise ValueError(f"--sparse needs a model that scores with its embedding tables (mf); "
-                             f"{self.config.model} computes its tables from the whole graph every step")
-        if self.world_size > 1:
-            raise ValueError("--sparse runs in one process; under torchrun, train without it")
 
     # ---- one epoch ------------------------------------------------------------------
     def _batch_loss(self, users: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -398,6 +420,8 @@ class Trainer:
         run into it is refused. A folder that holds a run (its checkpoint or results) is continued with
         ``resume``, replaced with ``overwrite``, and otherwise refused, never silently overwritten.
         """
+        if resume and overwrite:
+            raise ValueError(f"--resume continues the run in {self.out_dir} and --overwrite replaces it; give one")
         lock = None
         if self.rank == 0:  # every rank trains and evaluates alike; one of them writes and logs
             _check_writable(self.out_dir)  # before any training, not at the first checkpoint

@@ -166,6 +166,24 @@ def test_generic_csv_with_and_without_header(tmp_path):
         load_dataset(write(tmp_path, "c.csv", "1,2\n"), rating_threshold=1)
 
 
+@pytest.mark.parametrize("header, rows", [
+    ("item,user", "10,1\n11,1\n10,2\n"),  # columns by name, in any order (it was read positionally, swapped)
+    ('"user","item"', '1,10\n1,11\n2,10\n'),  # quoted names (the header became an interaction)
+    ("User ID,Item ID", "1,10\n1,11\n2,10\n"),  # spaces and capitals
+])
+def test_a_csv_header_is_found_by_its_names(tmp_path, header, rows):
+    """Issue 67's hunt: these headers were read as an interaction ('item' a user, 'user' an item)."""
+    if header == "item,user":
+        rows = "".join(f"{i},{u}\n" for u, i in ((1, 10), (1, 11), (2, 10)))
+    ds = load_dataset(write(tmp_path, "h.csv", f"{header}\n{rows}"), ratios=(1, 0, 0))
+    assert ds.user_ids == [1, 2] and ds.item_ids == [10, 11]
+    assert sorted(all_pairs(ds)) == [(1, 10), (1, 11), (2, 10)]
+
+
+def test_a_data_file_suffix_in_capitals_is_known(tmp_path):
+    assert load_dataset(write(tmp_path, "R.CSV", "1,2\n2,3\n"), ratios=(1, 0, 0)).num_users == 2
+
+
 def test_format_detection_and_arguments(tmp_path):
     write(tmp_path, "x.inter", "user_id:token\titem_id:token\n1\t2\n")
     write(tmp_path, "ratings.csv", "userId,movieId\n1,2\n")

@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from pnn_fast.cli import main
+from pnn_fast.eval import evaluate
 from pnn_fast.known import KnownPositives
+from pnn_fast.losses import BPRLoss, DNSLoss, PNNLoss
+from pnn_fast.recommend import top_items
+from pnn_fast.sampling import sample_unknown
 
 T = ["train", "--epochs", "1", "--no-progress", "--dim", "8"]
 
@@ -26,6 +30,10 @@ def _lightgcn(folder, train: str, valid: str, test: str) -> str:
     for name, text in (("train", train), ("valid", valid), ("test", test)):
         (folder / f"{name}.txt").write_text(text)
     return str(folder)
+
+#: a study plan's first tables (a config table follows), for the plan cases below
+PLAN = (b'[study]\nname = "p"\nseeds = [1]\n[[datasets]]\nname = "s"\npath = "synthetic"\n'
+        b'[[models]]\nname = "mf"\n')
 
 #: (id, argv, the expected fragment of the one line); the test runs in a fresh folder, so relative paths
 #: land there; an argv that needs files is a function that writes them into the folder it is given
@@ -130,6 +138,55 @@ CASES = [
      "loss 'simplex': num_negatives must be an int >= 1, got 0"),
     ("simplex NaN margin", T + ["--loss", "simplex", "--loss-arg", "margin=nan"],
      "loss 'simplex': margin must be a finite number in [-1, 1], got nan"),
+    # found by a hunt of 169 more hostile inputs (issue 67, beyond the list): each was accepted silently,
+    # named the wrong thing, or failed only after training had run
+    ("a header line inside a CSV", lambda d: T + ["--data", _bytes(d / "j.csv", b"user,item\n1,2\nuser,item\n1,3\n")],
+     "j.csv:3: a header line 'user,item' inside the data (files joined?); only line 1 may name the columns"),
+    ("a seed past 2^31", T + ["--seed", "4294967297"], "--seed must be an int in [0, 2^31), got 4294967297"),
+    ("a seed past int64", T + ["--seed", "1180591620717411303424"], "--seed must be an int in [0, 2^31)"),
+    ("a negative seed", T + ["--seed", "-1"], "--seed must be an int in [0, 2^31), got -1"),
+    ("a split seed past int64", lambda d: T + ["--data", _bytes(d / "r.csv", b"1,2\n"), "--split-seed", "9" * 23],
+     "--split-seed must be an int in [0, 2^31)"),
+    ("a study flag of the wrong type", lambda d: ["study", _bytes(d / "b.toml", PLAN + b'[[configs]]\nname = "bpr"\n'
+                                                                               b'sparse = 1\n')],
+     "b.toml: configs[0].sparse: expected true or false, got 1"),
+    ("a study's data_args", lambda d: ["study", _bytes(d / "b.toml", PLAN + b'[[configs]]\nname = "bpr"\n'
+                                                                       b'data_args = { kcore = 5 }\n')],
+     "b.toml: configs[0].data_args: unknown key"),
+    ("a study's ks with a 0", lambda d: ["study", _bytes(d / "b.toml", PLAN + b'[[configs]]\nname = "bpr"\n'
+                                                                        b'ks = [0, 20]\n')],
+     "b.toml: configs[0]: ks must be a list of ints >= 1, got (0, 20)"),
+    ("a study loss argument out of range", lambda d: ["study", _bytes(d / "b.toml", PLAN + b'[[configs]]\nname = "bpr"\n'
+                                                                                    b'[[configs]]\nname = "dns"\n'
+                                                                                    b'loss_args = { candidates = 0 }\n')],
+     "b.toml: s/mf/dns: loss 'dns': candidates must be an int >= 1, got 0"),
+    ("a study model argument of the wrong type",
+     lambda d: ["study", _bytes(d / "b.toml", PLAN.replace(b'name = "mf"', b'name = "lightgcn"\nmodel_args = { n_layers = "three" }')
+                                + b'[[configs]]\nname = "bpr"\n')],
+     "b.toml: s/lightgcn/bpr: n_layers must be a non-negative int, got 'three'"),
+    ("compare given --loss", ["compare", "--loss", "sl", "--epochs", "1"], "--loss could match --loss-arg, --losses"),
+    ("compare's loss argument that a compared loss lacks", ["compare", "--losses", "sl", "--loss-arg", "temperature=0.2"],
+     "--loss-arg temperature: loss 'bpr' of this comparison has no such argument; give it to one loss as LOSS.KEY=VALUE"),
+    ("compare's argument for a loss not compared", ["compare", "--losses", "sl", "--loss-arg", "psl.temperature=1"],
+     "--loss-arg psl.temperature: 'psl' is not a loss of this run (bpr, dns, pnn, sl)"),
+    ("compare's argument out of range for one loss", ["compare", "--loss-arg", "dns.candidates=0", "--epochs", "1"],
+     "loss 'dns': candidates must be an int >= 1, got 0"),
+    ("train's argument for another loss", T + ["--loss", "sl", "--loss-arg", "psl.temperature=1"],
+     "--loss-arg psl.temperature: 'psl' is not a loss of this run (sl)"),
+    ("resume and overwrite at once", T + ["--resume", "--overwrite"],
+     "--resume continues the run in --out and --overwrite replaces it; give one"),
+    ("recommendations into a folder", lambda d: ["recommend", "--checkpoint", "x.pt", "--out", str(d)],
+     "is a folder; give the path of the CSV file to write"),
+    ("embeddings into a file", lambda d: ["recommend", "--checkpoint", "x.pt", "--out", "r.csv",
+                                          "--embeddings", _bytes(d / "e.npy", b"")],
+     "e.npy is a file; it names a folder to write the embeddings into"),
+    ("a data file of an unknown suffix", lambda d: T + ["--data", _bytes(d / "r.tsv", b"1\t2\n")],
+     "r.tsv from its suffix (.csv, .inter, .dat, .txt); pass --format"),
+    ("a comma-separated .inter", lambda d: T + ["--data", _bytes(d / "c.inter", b"user_id:token,item_id:token\n1,2\n")],
+     "c.inter:1: the header has commas and no tab: a .inter file is tab-separated"),
+    ("an .inter column named twice",
+     lambda d: T + ["--data", _bytes(d / "u.inter", b"user_id:token\titem_id:token\tuser_id:token\n1\t2\t3\n")],
+     "u.inter:1: header names column 'user_id' twice (fields 1 and 3)"),
 ] + ([("device cuda without a GPU", T + ["--device", "cuda"], "device 'cuda': no usable GPU here")]
      if not torch.cuda.is_available() else [])
 
@@ -196,3 +253,42 @@ def test_compare_reads_a_list_with_spaces():
     """``--losses "bpr, sl"`` was refused as the unknown loss ' sl'."""
     from pnn_fast.cli import compared_losses
     assert compared_losses("sl, psl ,sl,") == ["bpr", "dns", "pnn", "sl", "psl"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda known: PNNLoss(known, 8, use_rank="false"),  # "false" kept L_rank: a non-empty string is true
+    lambda known: PNNLoss(known, 8, uniform_normalize="false"),
+    lambda known: PNNLoss(known, 8, candidates_across_ranks="no"),
+    lambda known: PNNLoss(known, 8, sparse="false"),
+    lambda known: BPRLoss(sparse="false"),
+    lambda known: DNSLoss(known, sparse="no"),
+], ids=["use_rank", "uniform_normalize", "candidates_across_ranks", "pnn sparse", "bpr sparse", "dns sparse"])
+def test_a_yes_no_argument_of_a_loss_refuses_a_word(make):
+    known = KnownPositives.from_pairs(torch.tensor([0, 1]), torch.tensor([1, 2]), 2, 4)
+    with pytest.raises(TypeError, match=r"must be True or False, got '(false|no)'$"):
+        make(known)
+
+
+def test_evaluate_refuses_a_string_of_cut_offs_and_ranks_a_cut_off_past_the_catalog_once():
+    """``ks="25"`` was read as [2, 5]; a cut-off of 10^12 allocated 8 TB (after an epoch had trained)."""
+    g = torch.Generator().manual_seed(0)
+    users, items = torch.randn(6, 4, generator=g), torch.randn(9, 4, generator=g)
+    truth = (torch.tensor([0, 0, 1, 2, 3, 4, 5]), torch.tensor([1, 2, 3, 4, 5, 6, 7]))
+    with pytest.raises(ValueError, match=r"^ks must be a list of positive ints, got '25'$"):
+        evaluate(users, items, truth, ks="25")
+    past = evaluate(users, items, truth, ks=[10**12, 9])
+    for metric in ("recall", "ndcg", "hit", "mrr"):  # every item is ranked within either cut-off
+        assert past[f"{metric}@{10**12}"] == pytest.approx(past[f"{metric}@9"])
+    assert past[f"precision@{10**12}"] == pytest.approx(past["precision@9"] * 9 / 10**12)
+
+
+def test_small_api_arguments_are_named():
+    known = KnownPositives.from_pairs(torch.tensor([0, 1]), torch.tensor([1, 2]), 2, 4)
+    meta = torch.zeros(2, dtype=torch.int64, device="meta")
+    with pytest.raises(ValueError, match=r"^user_ids is a meta tensor"):  # torch's "Cannot copy out of meta tensor"
+        KnownPositives.from_pairs(meta, meta, 2, 4)
+    with pytest.raises(ValueError, match=r"^num must be an int >= 0, got -2$"):  # torch's negative dimension
+        sample_unknown(known, torch.tensor([0, 1]), -2)
+    tables = torch.randn(2, 3), torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r"^k must be an int in \[1, 4\] \(the number of items\), got '5'$"):
+        next(top_items(*tables, torch.tensor([0]), [], "5"))

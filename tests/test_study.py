@@ -222,19 +222,36 @@ def test_a_cut_short_results_file_is_one_line_naming_it(finished_study, tmp_path
 
 
 def test_a_failing_cell_is_reported_and_the_others_finish(tmp_path, capsys):
+    """A cell that fails as it runs (here its data file, which the plan's check does not read) is
+    reported in one line and the other cells finish."""
+    (tmp_path / "broken.csv").write_text("user,item\n1,2\nuser,item\n")  # a header line inside the data
     plan = tmp_path / "failing.toml"
+    plan.write_text(PLAN.replace("seeds = [1, 2, 3]", "seeds = [1]").split("[[configs]]")[0]
+                    + f'[[datasets]]\nname = "broken"\npath = "{tmp_path / "broken.csv"}"\n\n'
+                      '[[configs]]\nname = "bpr"\n')
+    assert study(plan, tmp_path / "out", "--jobs", "1") == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "1 of 2 cells failed" in error and "broken/mf/bpr/seed1" in error
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["finished"] == 1
+    [failure] = summary["unfinished"]
+    assert failure["cell"] == "broken/mf/bpr/seed1" and failure["status"] == "failed"
+    assert "a header line" in failure["error"] and "\n" not in failure["error"]
+    assert "broken/mf/bpr/seed1`: failed: DataFormatError:" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_bad_loss_argument_fails_the_plan_before_any_cell_trains(tmp_path, capsys):
+    """The plan's check builds each loss on small data: a bad value no longer fails its cell after
+    the cells before it trained."""
+    plan = tmp_path / "bad.toml"
     plan.write_text(PLAN.replace("seeds = [1, 2, 3]", "seeds = [1]").split("[[configs]]")[0]
                     + '[[configs]]\nname = "bpr"\n\n[[configs]]\nname = "broken"\nloss = "pnn"\n'
                       'loss_args = { neg_size = "bogus" }\n')
     assert study(plan, tmp_path / "out", "--jobs", "1") == 2
-    error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "1 of 2 cells failed" in error and "syn/mf/broken/seed1" in error
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["finished"] == 1
-    [failure] = summary["unfinished"]
-    assert failure["cell"] == "syn/mf/broken/seed1" and failure["status"] == "failed"
-    assert "neg_size" in failure["error"] and "\n" not in failure["error"]
-    assert "syn/mf/broken/seed1`: failed: ValueError: neg_size" in (tmp_path / "out" / "summary.md").read_text()
+    error = capsys.readouterr().err.strip()
+    assert error == (f"pnn-fast: error: {plan}: syn/mf/broken: neg_size must be 'proportional', 'count' or an "
+                     f"int >= 0, got 'bogus'"), error
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_diverged_cell_counts_as_failed_and_is_not_retried(tmp_path, capsys):

@@ -513,6 +513,22 @@ def test_recommend_users_file_names_an_unknown_user_by_line(named_run, tmp_path,
     assert not (tmp_path / "r.csv").exists()
 
 
+@pytest.mark.parametrize("text, fragment", [
+    (b"u3\n\xff\xfeu4\n", ":2: is not UTF-8 text (byte 0xff at column 1)"),  # was a decoder's message, no file
+    (b"u3\nu4\nu3\n", ":3: user 'u3' is listed again (first at line 1)"),  # its rows were written twice
+])
+def test_recommend_users_file_refuses_bytes_that_are_not_text_and_a_user_listed_twice(named_run, tmp_path, capsys,
+                                                                                   text, fragment):
+    out, data, _ = named_run
+    users = tmp_path / "users.txt"
+    users.write_bytes(text)
+    code = main(["recommend", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(data),
+                 "--users", str(users), "--out", str(tmp_path / "r.csv")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == f"pnn-fast: error: {users}{fragment}", err
+    assert not (tmp_path / "r.csv").exists()
+
+
 @pytest.mark.parametrize("make, fragment", [
     (lambda p: p.mkdir(), "is a folder; give the checkpoint.pt inside it"),
     (lambda p: p.write_bytes(b""), "is not a checkpoint written by pnn-fast train"),

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._checks import check_real
+from .._checks import check_real, check_seed
 from .dataset import Dataset
 from .parsers import RawInteractions, read_atomic_inter, read_csv, read_lightgcn, read_movielens_dat
 from .split import normalized_ratios, random_share_by_user, random_split_by_user
@@ -102,6 +102,7 @@ def load_dataset(
     ratios = normalized_ratios(ratios)
     if rating_threshold is not None:
         check_real("rating_threshold", rating_threshold, low=-math.inf)
+    check_seed("seed", seed)
     if isinstance(kcore, bool) or not isinstance(kcore, int) or kcore < 0:
         raise ValueError(f"kcore must be an int >= 0, got {kcore!r}")
     if isinstance(hide_train_share, bool) or not isinstance(hide_train_share, (int, float)) \
@@ -190,9 +191,10 @@ def _find_files(path: Path, format: str) -> list:
         raise FileNotFoundError(f"no such file or folder: {path}")
     if path.is_file():
         if format == "auto":
-            format = {".txt": "lightgcn", ".inter": "inter", ".dat": "movielens", ".csv": "csv"}.get(path.suffix)
+            format = {".txt": "lightgcn", ".inter": "inter", ".dat": "movielens", ".csv": "csv"}.get(path.suffix.lower())
             if format is None:
-                raise ValueError(f"cannot tell the format of {path} from its name; pass format=")
+                raise ValueError(f"cannot tell the format of {path} from its suffix (.csv, .inter, .dat, .txt); "
+                                 f"pass --format (format= in Python)")
         return [(path, _reader(format, path), None)]
 
     if format in ("auto", "lightgcn") and (path / "train.txt").is_file():

@@ -120,19 +120,25 @@ def read_atomic_inter(path: os.PathLike | str) -> RawInteractions:
     rows, linenos = _read_rows(path, "\t")
     if not rows or linenos[0] != 1:
         raise DataFormatError(path, 1, "missing header (expected e.g. 'user_id:token<TAB>item_id:token')")
+    if len(rows[0]) == 1 and "," in rows[0][0]:
+        raise DataFormatError(path, 1, "the header has commas and no tab: a .inter file is tab-separated "
+                                       "(a comma-separated file is read as .csv)")
     position: dict[str, int] = {}
     for k, field in enumerate(rows[0]):
         name, colon, kind = field.strip().partition(":")
+        if name in position:
+            raise DataFormatError(path, 1, f"header names column {name!r} twice (fields {position[name] + 1} "
+                                           f"and {k + 1})")
         if not colon:
             raise DataFormatError(path, 1, f"header field {field!r} is not of the form name:type")
         if kind not in _INTER_TYPES:
             raise DataFormatError(path, 1, f"header field {field!r} has type {kind!r}; RecBole's types are "
                                            f"{', '.join(_INTER_TYPES)}")
         wanted = _INTER_COLUMN_TYPES.get(name)
-        if wanted is not None and kind != wanted and name not in position:
+        if wanted is not None and kind != wanted:
             raise DataFormatError(path, 1, f"header declares {name} as {kind}; it is read as {wanted}, so declare "
                                            f"'{name}:{wanted}'")
-        position.setdefault(name, k)
+        position[name] = k
     for required in ("user_id", "item_id"):
         if required not in position:
             raise DataFormatError(path, 1, f"header has no {required} column (found {sorted(position)})")
@@ -169,34 +175,53 @@ _TIME_NAMES = {"timestamp", "time"}
 
 
 def _normalized(name: str) -> str:
-    return name.strip().partition(":")[0].replace("_", "").lower()
+    """A header field as compared with the names above: quotes, spaces, underscores and a ``:type``
+    suffix dropped, lower case (``"User ID"`` and ``'"user_id"'`` -> ``userid``)."""
+    return name.strip().strip("\"'").partition(":")[0].replace("_", "").replace(" ", "").lower()
+
+
+def _is_header(fields: list[str]) -> bool:
+    """Whether a CSV row names its columns: a user and an item column among known names."""
+    names = {_normalized(field) for field in fields}
+    return bool(names & _USER_NAMES) and bool(names & _ITEM_NAMES)
 
 
 def read_csv(path: os.PathLike | str) -> RawInteractions:
     """Read comma-separated ``user,item[,rating[,timestamp]]`` (MovieLens ``ratings.csv`` included).
 
-    The file has a header when line 1's first field names the user column
-    (``user``, ``user_id``, ``userId``, ``uid``, any case); columns are then found
-    by name (items: ``item``, ``item_id``, ``movieId``, ``iid``; ``rating``;
-    ``timestamp`` or ``time``) and other columns are ignored.  Without a header
-    the columns are positional and every row must have as many fields as the
-    first one (2 to 4).  Fields are not unquoted.
+    The file has a header when its first line names a user column (``user``, ``user_id``,
+    ``userId``, ``uid``, ``User ID``, quoted or not, any case) and an item column (``item``,
+    ``item_id``, ``movieId``, ``iid``); columns are then found by name, in any order (also
+    ``rating``; ``timestamp`` or ``time``), and other columns are ignored.  Without a header the
+    columns are positional and every row must have as many fields as the first one (2 to 4).  A
+    later line that names the columns (two files joined) is refused at its line, never read as an
+    interaction.  Id fields are not unquoted.
     """
     path = Path(path)
     rows, linenos = _read_rows(path, ",")
     if not rows:
         return _table(path, rows, linenos, sep=",", width=2, user=0, item=1, rating=None, timestamp=None)
-    first = [_normalized(field) for field in rows[0]]
-    if linenos[0] == 1 and first[0] in _USER_NAMES:
+    has_header = _is_header(rows[0])
+    named = {_normalized(field) for field in rows[0]}
+    if not has_header and named & (_USER_NAMES | _ITEM_NAMES | _RATING_NAMES | _TIME_NAMES):
+        missing = "user" if not named & _USER_NAMES else "item"
+        names = sorted(_USER_NAMES if missing == "user" else _ITEM_NAMES)
+        raise DataFormatError(path, linenos[0], f"header has no {missing} column (one of {names}), found {rows[0]}")
+    # (a row of integer ids is no header: one cheap test a row before the name lookups)
+    repeated = next((k for k in range(1, len(rows)) if not rows[k][0].strip().isdigit() and _is_header(rows[k])), None)
+    if repeated is not None:
+        raise DataFormatError(path, linenos[repeated], f"a header line {','.join(rows[repeated])!r} inside the data "
+                                                       "(files joined?); only line 1 may name the columns")
+    if has_header:
+        first = [_normalized(field) for field in rows[0]]
+
         def column(names: set[str]) -> int | None:
             return next((k for k, name in enumerate(first) if name in names), None)
 
-        item = column(_ITEM_NAMES)
-        if item is None:
-            raise DataFormatError(path, 1, f"header has no item column (one of {sorted(_ITEM_NAMES)}), found {rows[0]}")
         return _table(
             path, rows[1:], linenos[1:], sep=",", width=len(first),
-            user=0, item=item, rating=column(_RATING_NAMES), timestamp=column(_TIME_NAMES),
+            user=column(_USER_NAMES), item=column(_ITEM_NAMES), rating=column(_RATING_NAMES),
+            timestamp=column(_TIME_NAMES),
         )
     width = len(rows[0])
     if not 2 <= width <= 4:
@@ -220,6 +245,17 @@ def _read_rows(path: Path, sep: str) -> tuple[list[list[str]], list[int]]:
                 rows.append(line.split(sep))
                 linenos.append(lineno)
     return rows, linenos
+
+
+def text_lines(path: os.PathLike | str) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a text file, stripped, with their 1-based numbers; a line that is not
+    UTF-8 is refused at its file:line (as every data file is)."""
+    path = Path(path)
+    with _open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            _require_utf8(path, lineno, line)
+            if line.strip():
+                yield lineno, line.strip()
 
 
 def _require_utf8(path: Path, lineno: int, line: str) -> None:
