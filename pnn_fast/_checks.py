@@ -143,6 +143,18 @@ def check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
+def check_cutoffs(name: str, ks) -> list[int]:
+    """``ks`` as a list of ints once it is a non-empty sequence of ints >= 1 (a string "25" is not
+    [2, 5], and a cut-off of 0 ranks nothing)."""
+    try:
+        values = None if isinstance(ks, (str, bytes)) else list(ks)
+    except TypeError:  # not a sequence at all
+        values = None
+    if not values or not all(isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 1 for k in values):
+        raise ValueError(f"{name} must be a list of positive ints, got {ks!r}")
+    return [int(k) for k in values]
+
+
 #: seeds are ints in [0, SEED_LIMIT): torch's CPU generator keeps a seed's low 32 bits, so seeds that
 #: differ by 2^32 (or -1 and 2^32 - 1) would give the same run; the split's hidden share uses seed + 1
 SEED_LIMIT = 2**31

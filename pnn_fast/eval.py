@@ -51,7 +51,7 @@ from collections.abc import Sequence
 import torch
 
 from . import backends
-from ._checks import check_id_tensor, require_tensor
+from ._checks import check_cutoffs, check_id_tensor, require_tensor
 from .backends.rows import TopK
 from .csr import CSR
 
@@ -199,11 +199,7 @@ def evaluate(user_table: torch.Tensor, item_table: torch.Tensor, ground_truth, e
                          f"and {list(item_table.shape)}")
     if user_table.device != item_table.device:
         raise ValueError(f"user_table is on {user_table.device} but item_table on {item_table.device}")
-    if isinstance(ks, (str, bytes)) or not all(isinstance(k, int) and not isinstance(k, bool) for k in ks):
-        raise ValueError(f"ks must be a list of positive ints, got {ks!r}")  # (a string "25" is not [2, 5])
-    ks = [int(k) for k in ks]
-    if not ks or any(k <= 0 for k in ks):
-        raise ValueError(f"ks must be positive ints, got {ks}")
+    ks = check_cutoffs("ks", ks)
     metrics = list(metrics)
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:

@@ -30,7 +30,8 @@ from torch.optim.adam import adam as functional_adam
 from tqdm.auto import tqdm
 
 from . import distributed
-from ._checks import check_device, check_real, check_seed, raise_kernel_input_error, take_kernel_input_error
+from ._checks import (check_cutoffs, check_device, check_real, check_seed, raise_kernel_input_error,
+                      take_kernel_input_error)
 from ._extension import build_info
 from ._files import write_text_atomic
 from ._version import __version__, source_revision
@@ -80,9 +81,7 @@ class TrainConfig:
             raise ValueError(f"sparse must be True or False, got {self.sparse!r}")
         check_real("reg_weight", self.reg_weight)
         check_seed("seed", self.seed)
-        if isinstance(self.ks, (str, bytes)) or not self.ks or not all(
-                isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in self.ks):
-            raise ValueError(f"ks must be a list of ints >= 1, got {self.ks!r}")
+        check_cutoffs("ks", self.ks)
         metric, _, k = self.valid_metric.partition("@")
         if metric not in ("recall", "ndcg", "hit", "precision", "mrr") or not k.isdigit() or int(k) == 0:
             raise ValueError(f"valid_metric must look like 'ndcg@20' (a cut-off of at least 1), got {self.valid_metric!r}")

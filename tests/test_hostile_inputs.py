@@ -155,7 +155,7 @@ CASES = [
      "b.toml: configs[0].data_args: unknown key"),
     ("a study's ks with a 0", lambda d: ["study", _bytes(d / "b.toml", PLAN + b'[[configs]]\nname = "bpr"\n'
                                                                         b'ks = [0, 20]\n')],
-     "b.toml: configs[0]: ks must be a list of ints >= 1, got (0, 20)"),
+     "b.toml: configs[0]: ks must be a list of positive ints, got (0, 20)"),
     ("a study loss argument out of range", lambda d: ["study", _bytes(d / "b.toml", PLAN + b'[[configs]]\nname = "bpr"\n'
                                                                                     b'[[configs]]\nname = "dns"\n'
                                                                                     b'loss_args = { candidates = 0 }\n')],
