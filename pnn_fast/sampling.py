@@ -54,9 +54,11 @@ def sample_history(known: KnownPositives, users: torch.Tensor, length: int,
     when the user has more, by Floyd's algorithm: O(length^2) per user whatever its number of items.
 
     Draws from the global random stream. Returns ``(items int64 [n, L], mask bool [n, L])`` for the
-    ``n`` given users, ``L = length``; padded slots hold item 0 and mask False.
+    ``n`` given users, ``L = min(length, num_items)``; padded slots hold item 0 and mask False.
     """
-    uniform = torch.rand(users.numel(), length, device=users.device)
+    # no user knows more than the catalog, so slots past it could only ever be padding (and a
+    # length such as 10**12 would otherwise be allocated)
+    uniform = torch.rand(users.numel(), min(length, known.num_items), device=users.device)
     items = backends.select(backend, users.device).history_sample(known, users, uniform)
     return items.clamp_min(0), items >= 0
 

@@ -34,3 +34,21 @@ def test_attention_matches_the_papers_formula(backend):
             a = torch.softmax(torch.stack([user_emb[b] @ torch.tanh(w2 @ e + att.bias.detach()) for e in hist]), 0)
             want = torch.sigmoid(w1 @ (a[:, None] * hist).sum(0))
         torch.testing.assert_close(got[b].detach(), want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("backend", ["reference"] + [pytest.param(device, marks=requires_kernels) for device in DEVICES])
+def test_a_history_longer_than_the_catalog_is_the_catalogs_length(backend):
+    """history_len = 10**12 (no user can know that many items) gives the same lambdas and draws as
+    history_len = the catalog's size, rather than allocating 10**12 slots."""
+    device = "cuda" if backend == "cuda" else "cpu"
+    users = torch.tensor([0, 0, 0, 1, 2, 2])
+    known = KnownPositives.from_pairs(users, torch.tensor([1, 4, 7, 0, 3, 8]), 3, 9).to(device)
+    user_emb = torch.randn(4, 5, dtype=torch.float64, device=device)
+    item_table = torch.randn(9, 5, dtype=torch.float64, device=device)
+    batch_users = torch.tensor([2, 0, 1, 0], device=device)
+    lambdas = []
+    for history_len in (10**12, 9):
+        torch.manual_seed(5)
+        att = UserAwareAttention(5, history_len=history_len).double().to(device)
+        lambdas.append(att(user_emb, item_table, batch_users, known, backend))
+    torch.testing.assert_close(lambdas[0], lambdas[1], rtol=0, atol=0)
