@@ -83,6 +83,10 @@ def test_first_known_takes_each_users_first_items():
     known = KnownPositives.from_pairs(torch.tensor([0, 0, 0, 2]), torch.tensor([7, 3, 5, 1]), 3, 9)
     items, valid = first_known(known, torch.tensor([0, 1, 2]), 2)
     assert items.tolist() == [[3, 5], [0, 0], [1, 0]] and valid.tolist() == [[True, True], [False, False], [True, False]]
+    # a length past the catalog (10**12) is the catalog's, not an allocation of 10**12 slots
+    longest = first_known(known, torch.tensor([0, 1, 2]), 9)
+    for got, want in zip(first_known(known, torch.tensor([0, 1, 2]), 10**12), longest):
+        assert torch.equal(got, want)
 
 
 def test_trains_through_the_cli(tmp_path):

@@ -109,10 +109,11 @@ def authors_loss(terms: AuthorsTerms, alpha: float, beta: float) -> torch.Tensor
 
 def first_known(known: KnownPositives, users: torch.Tensor, length: int) -> tuple:
     """(items int64 [B, L], valid bool [B, L]): the first ``length`` known items of each user, in
-    the CSR's (ascending item) order; invalid positions hold item 0."""
+    the CSR's (ascending item) order; invalid positions hold item 0. ``L = min(length, num_items)``:
+    no user knows more than the catalog (as :func:`pnn_fast.sampling.sample_history`)."""
     starts = known.indptr[users]
     counts = known.indptr[users + 1] - starts
-    offsets = torch.arange(length, device=users.device)
+    offsets = torch.arange(min(length, known.num_items), device=users.device)
     valid = offsets[None, :] < counts[:, None]
     positions = torch.where(valid, starts[:, None] + offsets[None, :], torch.zeros_like(valid, dtype=torch.long))
     return known.indices[positions].masked_fill(~valid, 0), valid
